@@ -1,0 +1,122 @@
+"""Run a function on N real ranks from a notebook cell, a script, or inside torchrun (lesson 00).
+
+    results = dlcourse.launch(fn, x, world_size=4)   # fn(x) on 4 processes, results in rank order
+
+Each rank is a fresh process with the default process group already initialised, so `fn` uses
+torch's own API: `dist.get_rank()`, `dist.all_reduce(t)`, ... Ranks are forked from a
+multiprocessing forkserver that has imported torch once, so a warm launch costs a fraction of a
+second instead of one torch import per rank.
+"""
+
+import atexit
+import multiprocessing as mp
+import os
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from dlcourse import backends, supervise, worker
+from dlcourse.backends import cpu_cores
+from dlcourse.errors import RankError, RankTimeout
+from dlcourse.scripts import check_main_guard
+
+DEFAULT_TIMEOUT_S = 60.0  # a lesson cell's job runs in seconds; a deadlock shows up in one minute
+
+__all__ = ["launch", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S"]
+
+
+def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, **kwargs):
+    """Run `fn(*args, **kwargs)` on `world_size` ranks and return their results in rank order.
+
+    backend: "gloo" (CPU), "nccl" (one GPU per rank) or "auto" (nccl when there is a GPU for
+    every rank, else gloo; one line says which and why).
+    timeout: seconds the whole job may take. A rank that raises or crashes stops every rank and
+    raises `RankError`; a job still running at the deadline raises `RankTimeout`.
+
+    Inside a rank that is already launched (torchrun, or a rank of this launcher) `fn` runs in the
+    current process under the existing process group and `[result]` is returned.
+    """
+    _check_arguments(fn, world_size, backend, timeout)
+    if backends.in_launched_rank():
+        return [_run_in_this_rank(fn, args, kwargs, world_size, backend, timeout)]
+    check_main_guard()
+    backend, why = backends.choose(backend, world_size)
+    payload = _pickle_job(fn, args, kwargs)
+    if why:
+        print(f"dlcourse.launch: {world_size} ranks on {backend} ({why})")
+    threads = max(1, cpu_cores() // world_size)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    jobs = [
+        worker.RankJob(rank, world_size, backend, threads, store.port, timeout + 30.0, payload)
+        for rank in range(world_size)
+    ]
+    try:
+        return supervise.run_ranks(_forkserver(), jobs, timeout)
+    finally:
+        del store  # closes the rendezvous port
+
+
+def _check_arguments(fn, world_size, backend, timeout):
+    if not callable(fn):
+        raise TypeError(f"launch needs a function to run on every rank, got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number of ranks >= 1, got {world_size!r}")
+    if backend not in backends.NAMES:
+        raise ValueError(f"backend must be one of {backends.NAMES}, got {backend!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout is in seconds and must be > 0, got {timeout!r}")
+
+
+def _pickle_job(fn, args, kwargs):
+    """Pickle by value, so functions and lambdas defined in a notebook cell reach the ranks."""
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as error:
+        named = [("the function", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
+        named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        culprit = next((name for name, v in named if not _picklable(v)), "the job")
+        raise TypeError(
+            f"{culprit} cannot be pickled, so it cannot be sent to the ranks ({error}). "
+            "Create that object inside the function instead of passing it in."
+        ) from None
+
+
+def _picklable(value):
+    try:
+        cloudpickle.dumps(value)
+        return True
+    except Exception:
+        return False
+
+
+def _forkserver():
+    ctx = mp.get_context("forkserver")
+    # Imported once by the forkserver; every rank is a fork of it. "__main__" is the script (if
+    # any), so a rank does not re-run it; check_main_guard made sure that is safe.
+    ctx.set_forkserver_preload(["__main__", "torch", "torch.distributed", "dlcourse.worker"])
+    return ctx
+
+
+def _run_in_this_rank(fn, args, kwargs, world_size, backend, timeout):
+    launched = int(os.environ["WORLD_SIZE"])
+    if world_size != launched:
+        raise ValueError(
+            f"launch(world_size={world_size}) runs inside a job of {launched} ranks (WORLD_SIZE "
+            f"is set, e.g. by torchrun). Pass world_size={launched}, or start torchrun with "
+            f"--nproc-per-node={world_size}."
+        )
+    if not dist.is_initialized():
+        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        backend, _ = backends.choose(backend, local_size)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=backends.timedelta_s(timeout + 30.0))
+        # Left to interpreter exit, gloo's threads can abort the process ("terminate called").
+        atexit.register(_destroy_process_group)
+    return fn(*args, **kwargs)
+
+
+def _destroy_process_group():
+    if dist.is_initialized():
+        dist.destroy_process_group()
