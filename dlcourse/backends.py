@@ -64,5 +64,6 @@ def describe():
     for n in (1, 2, 4, 8):
         backend, why = choose("auto", n)
         threads = max(1, cpu_cores() // n)
-        rows.append((f"auto, {n} rank(s)", f"{backend}: {why}; {threads} thread(s) per rank"))
+        rows.append((f"auto, {n} rank{'s' if n > 1 else ''}",
+                     f"{backend} ({why}), {threads} torch thread{'s' if threads > 1 else ''} per rank"))
     return rows

@@ -92,9 +92,9 @@ def _picklable(value):
 
 def _forkserver():
     ctx = mp.get_context("forkserver")
-    # Imported once by the forkserver; every rank is a fork of it. "__main__" is the script (if
-    # any), so a rank does not re-run it; check_main_guard made sure that is safe.
-    ctx.set_forkserver_preload(["__main__", "torch", "torch.distributed", "dlcourse.worker"])
+    # Imported once by the forkserver (started at the first launch); every rank is a fork of it,
+    # so it starts with torch already imported.
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "dlcourse.worker"])
     return ctx
 
 

@@ -1,17 +1,25 @@
-"""Refuse, with the fix, a script that calls launch without an `if __name__ == "__main__":` guard.
+"""Refuse, with the fix, a main program that the ranks could not import.
 
-Every rank process imports the script that started it (that is how multiprocessing finds the
-functions it runs). Unguarded, that import would call launch again in every rank.
+Every rank process imports the script that started it (multiprocessing does that so a rank can
+find the script's functions). Unguarded, that import would call launch again in every rank; a
+program read from standard input has no file to import at all.
 """
 
 import ast
 import inspect
+import os
 import sys
 
 
 def check_main_guard():
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
+    if path and getattr(main, "__spec__", None) is None and not os.path.isfile(path):
+        raise RuntimeError(
+            f"dlcourse.launch cannot start ranks from a program without a file (__main__ is "
+            f"{path!r}, e.g. `python - <<EOF`): every rank imports the main program. Save it "
+            "as a .py file and run that, or run the code in a notebook."
+        )
     frame = _script_frame(main, path)
     if frame is None:
         return  # a notebook, `python -c`, or a call made from an imported module

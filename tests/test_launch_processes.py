@@ -160,3 +160,11 @@ def test_a_notebook_cell_launches_streams_and_survives_an_interrupt(tmp_path):
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_a_program_from_standard_input_is_refused_with_the_fix():
+    done = subprocess.run([sys.executable, "-"], input=JOB + "dlcourse.launch(report, '.', 0)\n",
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "cannot start ranks from a program without a file" in done.stderr
+    assert "Save it as a .py file" in done.stderr

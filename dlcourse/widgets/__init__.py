@@ -1,0 +1,1 @@
+"""Interactive views (ipywidgets), one module per lesson topic."""
