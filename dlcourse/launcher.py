@@ -9,6 +9,7 @@ second instead of one torch import per rank.
 """
 
 import atexit
+import linecache
 import multiprocessing as mp
 import os
 
@@ -48,7 +49,8 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
     threads = max(1, cpu_cores() // world_size)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     jobs = [
-        worker.RankJob(rank, world_size, backend, threads, store.port, timeout + 30.0, payload)
+        worker.RankJob(rank, world_size, backend, threads, store.port, timeout + 30.0, payload,
+                       _cell_sources())
         for rank in range(world_size)
     ]
     try:
@@ -88,6 +90,16 @@ def _picklable(value):
         return True
     except Exception:
         return False
+
+
+def _cell_sources():
+    """Source lines of notebook cells, so a rank's traceback can show the failing line.
+
+    IPython keeps each executed cell in `linecache` with no file on disk (mtime None); a rank
+    process has no such cache of its own.
+    """
+    return {name: entry for name, entry in linecache.cache.items()
+            if len(entry) == 4 and entry[1] is None}
 
 
 def _forkserver():

@@ -6,6 +6,7 @@ group, runs the function, and sends back one message: its return value or how it
 """
 
 import faulthandler
+import linecache
 import os
 import pickle
 import signal
@@ -31,6 +32,7 @@ class RankJob:
     store_port: int  # the parent's TCPStore on 127.0.0.1
     timeout_s: float  # process-group timeout; the parent's own deadline is shorter
     payload: bytes  # cloudpickle of (fn, args, kwargs)
+    sources: dict  # linecache entries of notebook cells, for readable tracebacks
 
 
 @dataclass
@@ -69,6 +71,7 @@ def main(job, output, results, lifeline):
     lifeline = Lifeline(lifeline)
     _set_rank_environment(job)
     torch.set_num_threads(job.threads)
+    linecache.cache.update(job.sources)
     try:
         _join_process_group(job)
         fn, args, kwargs = cloudpickle.loads(job.payload)

@@ -168,3 +168,23 @@ def test_a_program_from_standard_input_is_refused_with_the_fix():
     assert done.returncode != 0
     assert "cannot start ranks from a program without a file" in done.stderr
     assert "Save it as a .py file" in done.stderr
+
+
+def test_a_rank_traceback_shows_the_notebook_cell_line():
+    manager, client = start_new_kernel(kernel_name="python3", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        reply, printed = _execute(client, textwrap.dedent("""
+            import dlcourse, torch.distributed as dist
+            def broken():
+                if dist.get_rank() == 1:
+                    raise KeyError("no such layer")  # the line the student must see
+            try:
+                dlcourse.launch(broken, world_size=2, backend="gloo")
+            except dlcourse.RankError as error:
+                print(error.traceback)
+        """))
+        assert reply["status"] == "ok", reply
+        assert 'raise KeyError("no such layer")  # the line the student must see' in printed
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
