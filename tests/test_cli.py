@@ -1,0 +1,61 @@
+"""The `dlcourse` command: info and tour, run as a user runs them."""
+
+import re
+import subprocess
+import sys
+
+import torch
+
+from dlcourse import tour
+from dlcourse.backends import cpu_cores
+
+
+def dlcourse_command(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "dlcourse.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_info_describes_this_machine():
+    done = dlcourse_command("info")
+    assert done.returncode == 0, done.stderr
+    assert torch.__version__ in done.stdout
+    assert re.search(rf"^CPU cores +{cpu_cores()}$", done.stdout, re.M)
+    gpus = torch.cuda.device_count()
+    for n in (1, 2, 4, 8):
+        expected = "nccl" if gpus >= n else "gloo"
+        assert re.search(rf"^auto, {n} ranks? +{expected} \(", done.stdout, re.M), done.stdout
+
+
+def test_tour_prints_every_row_matching_the_reference():
+    done = dlcourse_command("tour", "--steps", "2", "--world-size", "2", "--backend", "gloo")
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = done.stdout.splitlines()
+    for row in tour.ROWS:
+        line = next(l for l in table if l.startswith(row.name))
+        assert " yes " in line, line
+    assert "Every strategy matches the single-process reference" in done.stdout
+
+
+def _train_without_averaging(cfg):
+    """A plausible bug: each rank trains on its shard and never all-reduces its gradients."""
+    from dlcourse.models import GPT
+
+    model = GPT(cfg.model, seed=cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    x, y = tour.this_ranks_shard(*cfg.data())
+    loss, step_time = tour.timed_steps(cfg, model, optimizer, x, y)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    return tour.RowResult(loss, params, tour.held_bytes(model, optimizer), None, step_time)
+
+
+def test_tour_flags_a_strategy_that_does_not_match():
+    rows = [tour.ROWS[0], tour.Row("no gradient averaging", _train_without_averaging)]
+    table = tour.run(world_size=2, steps=2, backend="gloo", rows=rows, out=lambda *_: None)
+    assert [r["matches"] for r in table] == [True, False]
+    assert table[1]["max |Δ| vs reference"] > 100 * tour.MATCH_TOLERANCE
+
+
+def test_tour_refuses_a_world_size_that_does_not_split_the_batch():
+    done = dlcourse_command("tour", "--world-size", "3")
+    assert done.returncode == 2
+    assert "--world-size 3 does not divide the global batch of 16 sequences" in done.stderr
