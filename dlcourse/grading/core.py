@@ -1,0 +1,207 @@
+"""The core that every topic check builds on: run a student's function on real ranks, compare
+what each rank returned with an independent reference, and fail with a message a student can act
+on. Lesson 00's checks (`dlcourse/grading/launch.py`) are the worked example.
+
+A topic check in `dlcourse/grading/<topic>.py` looks like this:
+
+    def check_gather_all(gather_all, timeout=CHECK_TIMEOUT_S):
+        for world_size, shape, dtype in CASES:                 # inputs the student never saw
+            xs = [random_tensor(shape, dtype, seed=r) for r in range(world_size)]
+            where = f"gather_all on {world_size} ranks, x: {describe(xs[0])}"
+            outcomes = run_on_ranks(gather_all, [(x,) for x in xs], exercise="gather_all",
+                                    where=where, timeout=timeout)
+            for rank, (got, args_after) in enumerate(outcomes):
+                expect_tensor(got, torch.stack(xs), where=where, rank=rank, hint="...")
+
+The API:
+- `run_on_ranks(fn, rank_args, exercise=, where=, hint=, forbid=(), why_forbidden="",
+  timeout=)` runs `fn(*rank_args[r])` on rank r of `len(rank_args)` gloo ranks and returns, in
+  rank order, `(value, args_after)`: what the rank returned and its arguments after the call (to
+  catch a function that changes its caller's tensors). A rank that raises, a function not
+  written yet (`NotImplementedError`), and a job still running after `timeout` seconds (a
+  deadlock) all become `CheckFailed`, named by `where` (the case) and followed by `hint`; no
+  process is left behind (`dlcourse.launch` stops every rank).
+- `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
+  functions raise `ForbiddenCall` while the student's function runs, and the check fails with
+  "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it
+  for "build it from send/recv" exercises. The guard is installed before the student's function
+  is unpickled, so `from torch.distributed import all_reduce` in the notebook is caught too.
+  It guards the public functions a student reaches for, not a deliberate bypass through
+  `ProcessGroup` methods.
+- `expect_tensor(got, expected, where=, rank=, atol=0, rtol=0, tolerance="", hint="")`: type,
+  shape, dtype, then values; names the first differing element and how many differ. Exact unless
+  a tolerance is given; `tolerance` says where it comes from and is printed with a mismatch.
+- `expect_none(got, ...)`, `expect_unchanged(before, after, ...)`, `fail(where, rank, problem,
+  hint)` for anything else. All raise `CheckFailed`, an `AssertionError`, so a grader cell fails
+  and nbval records it; its first line is what the gradebook shows.
+- `random_tensor(shape, dtype, seed)` and `describe(tensor)` for inputs and messages.
+"""
+
+import contextlib
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+import dlcourse
+from dlcourse.errors import RankError, RankTimeout
+
+# A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
+# torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
+CHECK_TIMEOUT_S = 10.0
+
+# Every collective in torch.distributed; `forbid=COLLECTIVES` leaves send/recv (and barrier).
+COLLECTIVES = (
+    "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_into_tensor", "gather",
+    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "all_gather_object", "gather_object", "scatter_object_list", "broadcast_object_list",
+    "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
+)
+
+
+class CheckFailed(AssertionError):
+    """A student's function gave a wrong answer; the message says where and what to try."""
+
+
+class ForbiddenCall(RuntimeError):
+    """Raised inside a rank when the student calls a function the exercise forbids."""
+
+
+def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why_forbidden="",
+                 timeout=CHECK_TIMEOUT_S):
+    """Run `fn(*rank_args[rank])` on every rank; return [(value, args_after)] in rank order.
+
+    `where` names the case in messages (default: the exercise); `hint` follows a rank's error.
+    """
+    __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
+    if not callable(fn):
+        raise CheckFailed(f"the check for {exercise} needs your function itself (its name, "
+                          f"without parentheses), not {_kind(fn)}")
+    world_size = len(rank_args)
+    payload = cloudpickle.dumps(fn)  # unpickled in the rank only once the guard is in place
+    try:
+        # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
+        return dlcourse.launch(_in_rank, payload, rank_args, tuple(forbid), why_forbidden,
+                               world_size=world_size, backend="gloo", timeout=timeout)
+    except RankTimeout as error:
+        raise CheckFailed(
+            f"{where or exercise}: did not finish within {timeout:g} s on {world_size} ranks "
+            f"(still running: ranks {', '.join(map(str, error.running))}), so it is most likely "
+            "waiting forever: a collective that not every rank calls, or a recv with no matching "
+            "send. Every rank must make the same collective calls in the same order."
+        ) from None
+    except RankError as error:
+        raise CheckFailed(_explain(exercise, where or exercise, hint, error)) from None
+
+
+def _explain(exercise, where, hint, error):
+    summary = error.failures.get(error.rank, str(error).splitlines()[0])
+    if "ForbiddenCall: " in summary:
+        return f"{where}: rank {error.rank} {summary.split('ForbiddenCall: ', 1)[1]}"
+    if "NotImplementedError" in summary:
+        said = summary.split("NotImplementedError", 1)[1].lstrip(": ")
+        return (f"{exercise} is not written yet: replace its `raise NotImplementedError` line "
+                f"with your code. {said}").rstrip()
+    hint = f"\nHint: {hint}" if hint else ""
+    return f"{where}: rank {error.rank} {summary}{hint}\n\n{error.traceback}"
+
+
+def _in_rank(payload, rank_args, forbid, why_forbidden):
+    """Runs in every rank: guard the forbidden functions, then load and call the student's."""
+    args = rank_args[dist.get_rank()]
+    with _forbidden(forbid, why_forbidden):
+        fn = cloudpickle.loads(payload)
+        value = fn(*args)
+    return value, args
+
+
+@contextlib.contextmanager
+def _forbidden(names, why):
+    # dist.all_reduce and c10d.all_reduce are one function under two names: guard both.
+    modules = (dist, c10d)
+    saved = [(m, n, getattr(m, n)) for m in modules for n in names if hasattr(m, n)]
+    for module, name, _ in saved:
+        setattr(module, name, _guard(name, why))
+    try:
+        yield
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+
+
+def _guard(name, why):
+    def forbidden(*args, **kwargs):
+        raise ForbiddenCall(f"called dist.{name}, which this exercise does not allow: {why}")
+
+    return forbidden
+
+
+def fail(where, rank, problem, hint=""):
+    """Raise CheckFailed: '<where>: rank <rank> <problem>' and a hint on the next line."""
+    __tracebackhide__ = True
+    message = f"{where}: rank {rank} {problem}" if rank is not None else f"{where}: {problem}"
+    raise CheckFailed(message + (f"\nHint: {hint}" if hint else ""))
+
+
+def expect_tensor(got, expected, *, where, rank, atol=0.0, rtol=0.0, tolerance="", hint=""):
+    """Fail unless `got` is a tensor of `expected`'s shape and dtype with the same values."""
+    __tracebackhide__ = True
+    if not isinstance(got, torch.Tensor):
+        fail(where, rank, f"returned {_kind(got)}, expected {describe(expected)}", hint)
+    if got.shape != expected.shape:
+        fail(where, rank, f"returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}",
+             hint)
+    if got.dtype != expected.dtype:
+        fail(where, rank, f"returned dtype {_name(got.dtype)}, expected {_name(expected.dtype)}",
+             hint)
+    got, expected = got.detach().cpu(), expected.detach().cpu()
+    if atol or rtol:
+        wrong = ~torch.isclose(got, expected, rtol=rtol, atol=atol)
+    else:
+        wrong = got != expected
+    if wrong.any():
+        first = tuple(wrong.nonzero()[0].tolist())
+        at = f"element {list(first)}" if first else "the value"
+        problem = (f"returned wrong values: {at} is {got[first].item()!r}, expected "
+                   f"{expected[first].item()!r} ({int(wrong.sum())} of {wrong.numel()} differ)")
+        if tolerance:
+            problem += f"; allowed difference {tolerance}"
+        fail(where, rank, problem, hint)
+
+
+def expect_none(got, *, where, rank, hint=""):
+    __tracebackhide__ = True
+    if got is not None:
+        fail(where, rank, f"returned {_kind(got)}, expected None", hint)
+
+
+def expect_unchanged(before, after, *, where, rank, name="its input", hint=""):
+    """Fail if a function changed the caller's tensor in place (collectives work in place)."""
+    __tracebackhide__ = True
+    if not torch.equal(before, after):
+        fail(where, rank, f"changed {name} in place: the caller's tensor must keep its values",
+             hint)
+
+
+def random_tensor(shape, dtype, seed):
+    """A reproducible tensor of small values: integers for integer dtypes, else normal floats."""
+    generator = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
+    return torch.randint(-99, 100, shape, generator=generator, dtype=dtype)
+
+
+def describe(value):
+    """'int64 tensor of shape (2, 5)': how messages name a tensor."""
+    return f"{_name(value.dtype)} tensor of shape {tuple(value.shape)}"
+
+
+def _kind(value):
+    if value is None:
+        return "None"
+    return describe(value) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
+
+
+def _name(dtype):
+    return str(dtype).removeprefix("torch.")
