@@ -6,8 +6,8 @@
 
 Activations are the tensors autograd saves for backward, seen through
 `torch.autograd.graph.saved_tensors_hooks`: every saved tensor passes through our pack hook, and
-we count the bytes of each distinct storage once (q, k and v may be views of one buffer; a
-tensor saved by two ops is one allocation). A saved tensor whose storage is a parameter is the
+we count the bytes of each distinct storage once (a view shares its base's buffer; the loss's
+log-probabilities, saved by two ops, are one allocation). A saved tensor whose storage is a parameter is the
 parameter itself, already counted. On a GPU the CUDA allocator's own figures come alongside.
 """
 
@@ -17,9 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from dlcourse.memory.accounting import MemoryParts
-
-PHASES = ("init", "forward", "backward", "step")
-
 
 def measure_model_state(model, optimizer=None):
     """Bytes of parameters, gradients and optimizer state held now, as `MemoryParts`.

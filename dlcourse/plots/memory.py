@@ -66,9 +66,10 @@ def plot_measured_vs_estimated(measured, estimated, *, title, ax=None):
     ax.set_xticks(list(x), [f"after {p}\nmeasured | estimated" for p in phases], fontsize=8)
     ax.set(title=title, ylabel=f"bytes ({unit})")
     ax.margins(y=0.15)
-    handles, labels = ax.get_legend_handles_labels()
-    seen = dict(zip(labels, handles))  # one legend entry per part
-    ax.legend(seen.values(), seen.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    entries = {}  # one legend entry per part, the solid (measured) one
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+        entries.setdefault(label, handle)
+    ax.legend(entries.values(), entries.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
     return ax
 
 
