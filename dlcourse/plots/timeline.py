@@ -1,0 +1,105 @@
+"""Timelines from real runs: what each rank was doing, and when (lesson 03; reusable by later
+lessons, e.g. a pipeline schedule's forward and backward micro-batches per stage).
+
+In a rank, a `Timeline` records spans (a lane, a name, a start and an end); the ranks return
+their spans, and `plot_timeline` draws them all on one time axis:
+
+    timeline = Timeline(rank)
+    with timeline.span("compute", "forward"):
+        ...
+    spans = sum(dlcourse.launch(job), [])       # every rank's spans
+    plot_timeline(spans, "title")
+
+Times come from `time.perf_counter()`, on Linux the system-wide CLOCK_MONOTONIC, so spans from
+different processes on one machine share a time axis. Ranks on several machines do not.
+"""
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+
+
+@dataclass
+class Span:
+    rank: int
+    lane: str  # the row it is drawn in within its rank, e.g. "compute" or "all-reduce"
+    name: str  # what ran, e.g. "backward" or "bucket 2"; one colour per name
+    start: float  # seconds, time.perf_counter()
+    end: float
+
+    @property
+    def duration(self):
+        return self.end - self.start
+
+
+class Timeline:
+    """The spans recorded in one rank. `add` may be called from a communication thread (a
+    future's callback): appending to a list is atomic in CPython."""
+
+    now = staticmethod(time.perf_counter)
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.spans = []
+
+    def add(self, lane, name, start, end):
+        self.spans.append(Span(self.rank, lane, name, start, end))
+
+    @contextlib.contextmanager
+    def span(self, lane, name):
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.add(lane, name, start, self.now())
+
+
+def plot_timeline(spans, title, ax=None, lanes=None, colors=None, label_bars=False):
+    """Draw `spans` (from any number of ranks) as horizontal bars: one band per rank, one row
+    per lane in it, time in ms from the earliest start. Returns the Axes.
+
+    lanes: lane names, top to bottom within a rank (default: order of first appearance).
+    colors: name -> colour; names not in it get the next colour of matplotlib's cycle.
+    label_bars: write each span's name on its bar (for short names such as "F3").
+    """
+    if not spans:
+        raise ValueError("plot_timeline needs at least one Span; record some with Timeline")
+    ax = ax or plt.subplots(figsize=(9, 3.5))[1]
+    lanes = lanes or list(dict.fromkeys(s.lane for s in spans))
+    ranks = sorted({s.rank for s in spans})
+    colors = _colours_by_name(spans, colors or {})
+    t0 = min(s.start for s in spans)
+    row = {(r, lane): i * (len(lanes) + 1) + j for i, r in enumerate(ranks)
+           for j, lane in enumerate(lanes)}  # a blank row between ranks
+    for s in spans:
+        y = row[(s.rank, s.lane)]
+        ax.barh(y, 1000 * s.duration, left=1000 * (s.start - t0), height=0.8,
+                color=colors[s.name], edgecolor="black", linewidth=0.3, label=s.name)
+        if label_bars:
+            ax.text(1000 * (s.start + s.end - 2 * t0) / 2, y, s.name, ha="center",
+                    va="center", fontsize=7)
+    ax.set_yticks(list(row.values()), [f"rank {r} {lane}" for r, lane in row])
+    ax.invert_yaxis()  # rank 0 on top
+    ax.set_xlabel("time (ms)")
+    ax.set_title(title)
+    _legend_once_per_name(ax)
+    return ax
+
+
+def _colours_by_name(spans, given):
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = dict(given)
+    for name in dict.fromkeys(s.name for s in spans):
+        if name not in colors:
+            colors[name] = cycle[len(colors) % len(cycle)]
+    return colors
+
+
+def _legend_once_per_name(ax):
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    if len(unique) <= 12:  # more names than that (a pipeline's micro-batches): label the bars
+        ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.01, 1),
+                  fontsize=8, frameon=False)
