@@ -49,7 +49,8 @@ def param_shapes(config):
     if isinstance(config, MLPConfig):
         return _mlp_shapes(config)
     if not isinstance(config, GPTConfig):
-        raise TypeError(f"param_shapes takes a GPTConfig or an MLPConfig, got {type(config).__name__}")
+        raise TypeError(f"param_shapes takes a GPTConfig or an MLPConfig, "
+                        f"got {type(config).__name__}")
     V, T, h = config.vocab_size, config.seq_len, config.hidden
     shapes = {"tok_emb.weight": (V, h), "pos_emb.weight": (T, h)}
     for i in range(config.n_layers):
@@ -96,7 +97,8 @@ def count_params(config):
     if isinstance(config, MLPConfig):
         return sum(math.prod(s) for s in _mlp_shapes(config).values())
     if not isinstance(config, GPTConfig):
-        raise TypeError(f"count_params takes a GPTConfig or an MLPConfig, got {type(config).__name__}")
+        raise TypeError(f"count_params takes a GPTConfig or an MLPConfig, "
+                        f"got {type(config).__name__}")
     V, T, h, L = config.vocab_size, config.seq_len, config.hidden, config.n_layers
     per_block = 12 * h * h + (13 * h if config.bias else 2 * h)  # no bias: LayerNorm scales only
     final_norm = 2 * h if config.bias else h

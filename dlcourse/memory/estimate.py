@@ -70,7 +70,8 @@ def gpt_saved_tensors(config, batch, *, seq_len=None, device="cpu", autocast_dty
         SavedTensorEstimate("loss", "log-probabilities (fp32)", BT * config.vocab_size, 4),
         SavedTensorEstimate("loss", "sum of target weights (fp32)", 1, 4),
     ]
-    if autocast_dtype is not None:  # autocast's low-precision weights, kept for backward
+    if autocast_dtype is not None:  # autocast's low-precision weights (qkv 3h², proj h²,
+        # fc 4h², proj 4h² per layer), kept for backward until the step ends
         rows += [SavedTensorEstimate("block", "Linear weights cast", 12 * h * h, rules["compute"],
                                      L, "weight_copies"),
                  SavedTensorEstimate("head", "lm_head weight cast", config.vocab_size * h,
@@ -88,7 +89,9 @@ def _block_rows(B, T, h, a, dropout, rules):
             ("softmax output", scores, "softmax")]
     if dropout:
         rows.append(("attention dropout mask", scores, "mask"))
-    if dropout or rules["softmax"] != rules["compute"]:  # probs @ v saves a tensor of its own
+    # probs @ v saves its left input: dropout's output, or a cast copy of softmax's output when
+    # the dtypes differ (CUDA autocast); otherwise it is softmax's output, a storage counted above.
+    if dropout or rules["softmax"] != rules["compute"]:
         rows.append(("probs input of probs @ v", scores, "compute"))
     rows.append(("proj input", BT * h, "compute"))
     if dropout:
@@ -131,6 +134,7 @@ def estimate_gpt_step(config, batch, *, seq_len=None, device="cpu", autocast_dty
     rows = gpt_saved_tensors(config, batch, seq_len=seq_len, device=device,
                              autocast_dtype=autocast_dtype)
     params = MemoryParts(params=4 * n_params)
+    state = per_param * n_params + per_tensor * len(param_shapes(config))
     held = {kind: sum(r.nbytes for r in rows if r.kind == kind)
             for kind in ("activations", "weight_copies")}
     return {
@@ -138,5 +142,5 @@ def estimate_gpt_step(config, batch, *, seq_len=None, device="cpu", autocast_dty
         "forward": MemoryParts(params=params.params, **held),
         "backward": MemoryParts(params=params.params, grads=4 * n_params),
         "step": MemoryParts(params=params.params, grads=4 * n_params,
-                            optimizer=per_param * n_params + per_tensor * len(param_shapes(config))),
+                            optimizer=state),
     }

@@ -7,8 +7,9 @@
 Activations are the tensors autograd saves for backward, seen through
 `torch.autograd.graph.saved_tensors_hooks`: every saved tensor passes through our pack hook, and
 we count the bytes of each distinct storage once (a view shares its base's buffer; the loss's
-log-probabilities, saved by two ops, are one allocation). A saved tensor whose storage is a parameter is the
-parameter itself, already counted. On a GPU the CUDA allocator's own figures come alongside.
+log-probabilities, saved by two ops, are one allocation). A saved tensor whose storage is a
+parameter is the parameter itself, already counted. On a GPU the CUDA allocator's own figures
+come alongside.
 """
 
 import weakref
@@ -190,7 +191,10 @@ def measure_step(model, inputs, targets, loss_fn, optimizer, *, autocast_dtype=N
     log = SavedTensorLog(model, ignore=(inputs, targets), on_change=recorder.point)
     recorder.log = log
     recorder.end("init")
-    handles = [p.register_post_accumulate_grad_hook(lambda p, name=name: recorder.point(f"grad {name}"))
+    def on_grad(name):  # a timeline point each time a parameter's .grad is written
+        return lambda param: recorder.point(f"grad {name}")
+
+    handles = [p.register_post_accumulate_grad_hook(on_grad(name))
                for name, p in model.named_parameters()]
     try:
         recorder.phase = "forward"

@@ -30,7 +30,8 @@ def show_setting(model=DEFAULTS["model"], batch=1, seq_len=4096, mixed_precision
           f"recompute {recompute}")
     print(f"per GPU: {parts.model_state / 1e9:.1f} GB model state + "
           f"{parts.activations / 1e9:.1f} GB activations = {parts.total / 1e9:.1f} GB")
-    print("fits on: " + ", ".join(f"{gb} GB {'yes' if ok else 'no'}" for gb, ok in fits(parts).items()))
+    verdicts = [f"{gb} GB {'yes' if ok else 'no'}" for gb, ok in fits(parts).items()]
+    print("fits on: " + ", ".join(verdicts))
     plot_fit({model: parts}, cards=CARDS_GB, title=f"{model}: bytes per GPU by part")
     plt.show()
     return parts
