@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 import dlcourse
 from dlcourse import backends
+from dlcourse.memory import count_params, measure_model_state
 from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
 
 # Rounding: a sum over 4 ranks adds the same fp32 numbers in another order (~1e-7 relative).
@@ -56,13 +57,8 @@ class Row:
 
 
 def held_bytes(model, optimizer):
-    """Bytes of parameters, gradients and optimizer state that this process holds."""
-    params = {p.data_ptr(): p for p in model.parameters()}.values()  # a tied weight counts once
-    total = sum(p.numel() * p.element_size() for p in params)
-    total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
-    for state in optimizer.state.values():
-        total += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
-    return total
+    """Bytes of parameters, gradients and optimizer state this process holds (lesson 01)."""
+    return measure_model_state(model, optimizer).model_state
 
 
 def timed_steps(cfg, model, optimizer, x, y):
@@ -123,7 +119,7 @@ def run(world_size=4, steps=5, backend="auto", rows=None, out=print):
         raise ValueError(f"--world-size {world_size} does not divide the global batch of "
                          f"{cfg.global_batch} sequences; use 1, 2, 4, 8 or 16 ranks")
     backend, why = backends.choose(backend, world_size)
-    out(f"dlcourse tour: GPT of {_n_params(cfg):,} parameters, {steps} AdamW steps, global batch "
+    out(f"dlcourse tour: GPT of {count_params(cfg.model):,} parameters, {steps} AdamW steps, global batch "
         f"{cfg.global_batch}; {world_size} ranks on {backend}" + (f" ({why})" if why else ""))
     table, reference = [], None
     with tqdm(rows or ROWS, desc="strategies", unit="row", leave=False) as progress:
@@ -179,5 +175,3 @@ def format_table(table):
     return "\n".join([line(keys), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def _n_params(cfg):
-    return sum(p.numel() for p in GPT(cfg.model).parameters())
