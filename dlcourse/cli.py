@@ -5,6 +5,7 @@ Each subcommand is a small function that takes the parsed arguments; `COMMANDS` 
 
 import argparse
 import sys
+import time
 
 
 def info(args):
@@ -40,6 +41,88 @@ def tour(args):
     return 0
 
 
+def exercises(args):
+    """Build exercises/NN_topic.ipynb from solutions/NN_topic.ipynb (or check they agree)."""
+    from pathlib import Path
+
+    from dlcourse.grading import build
+
+    solutions = args.solutions or sorted(Path("solutions").glob("*.ipynb"))
+    if not solutions:
+        print("dlcourse exercises build: no solutions/*.ipynb here; run it from the course "
+              "folder or name the solution notebooks", file=sys.stderr)
+        return 2
+    try:
+        built = build.build(solutions, args.out, check=args.check)
+    except (OSError, ValueError) as error:
+        print(f"dlcourse exercises build: {error}", file=sys.stderr)
+        return 2
+    for b in built:
+        state = ("OUT OF DATE" if args.check else "written") if b.changed else "up to date"
+        print(f"{b.exercise}: {state} (from {b.solution})")
+    if args.check and any(b.changed for b in built):
+        print("run `dlcourse exercises build` to rebuild them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def grade(args):
+    """Grade notebooks (or folders of them) with nbval: a table each, optionally a CSV."""
+    from dlcourse.grading import grade as grading, gradebook
+
+    if not (args.cell_timeout > 0 and args.notebook_timeout > 0):
+        print("dlcourse grade: --cell-timeout and --notebook-timeout are seconds, > 0",
+              file=sys.stderr)
+        return 2
+    try:
+        notebooks = grading.find_notebooks(args.paths)
+    except FileNotFoundError as error:
+        print(f"dlcourse grade: {error}", file=sys.stderr)
+        return 2
+    if not notebooks:
+        print("dlcourse grade: no .ipynb notebooks in " + " ".join(args.paths), file=sys.stderr)
+        return 2
+    submissions = []
+    for i, path in enumerate(notebooks, start=1):  # one at a time: each runs ranks of its own
+        start = time.monotonic()
+        submissions.append(grading.grade_notebook(path, args.cell_timeout, args.notebook_timeout))
+        print(f"[{i}/{len(notebooks)}] {path}: {submissions[-1].total} points, graded in "
+              f"{time.monotonic() - start:.1f} s", flush=True)
+    exercise_ids = gradebook.align(submissions)  # now every table has every exercise
+    for submission in submissions:
+        print("\n" + "\n".join(gradebook.table(submission)))
+    print()
+    if args.csv:
+        gradebook.write_csv(submissions, exercise_ids, args.csv)
+        print(f"gradebook written to {args.csv}")
+    print(gradebook.summary(submissions))
+    return 0 if all(s.results and s.total == s.possible for s in submissions) else 1
+
+
+def _add_exercises(sub):
+    p = sub.add_parser("exercises", help="build the exercise notebooks from the solutions")
+    actions = p.add_subparsers(dest="action", required=True)
+    b = actions.add_parser("build", help=exercises.__doc__)
+    b.add_argument("solutions", nargs="*", help="solution notebooks (default: solutions/*.ipynb)")
+    b.add_argument("--out", help="folder to write into (default: exercises/ beside solutions/)")
+    b.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if an exercise notebook differs from its build")
+    b.set_defaults(run=exercises)
+
+
+def _add_grade(sub):
+    from dlcourse.grading.grade import CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S
+
+    p = sub.add_parser("grade", help=grade.__doc__)
+    p.add_argument("paths", nargs="+", help="notebooks, or folders searched for *.ipynb")
+    p.add_argument("--csv", help="write the gradebook (one row per notebook) to this file")
+    p.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S,
+                   help=f"seconds one cell may run (default {CELL_TIMEOUT_S:g})")
+    p.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT_S,
+                   help=f"seconds a whole notebook may run (default {NOTEBOOK_TIMEOUT_S:g})")
+    p.set_defaults(run=grade)
+
+
 def _add_tour(sub):
     p = sub.add_parser("tour", help=tour.__doc__)
     p.add_argument("--world-size", type=int, default=4, help="ranks per strategy (default 4)")
@@ -53,7 +136,7 @@ def _add_info(sub):
     sub.add_parser("info", help=info.__doc__).set_defaults(run=info)
 
 
-COMMANDS = [_add_info, _add_tour]  # each adds one subcommand to the parser
+COMMANDS = [_add_info, _add_tour, _add_exercises, _add_grade]  # each adds one subcommand to the parser
 
 
 def build_parser():

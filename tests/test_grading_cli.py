@@ -1,0 +1,195 @@
+"""`dlcourse grade` on a class folder: a good, a partial and every kind of bad submission in one
+call, each with its row in the gradebook; a loop and a notebook past its time limit are stopped
+with nothing left running."""
+
+import contextlib
+import copy
+import csv
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell
+
+from conftest import wait_gone
+from dlcourse import cli
+from dlcourse.grading import grade
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTION = nbformat.read(str(ROOT / "solutions" / "00_launch.ipynb"), as_version=4)
+EXERCISE = nbformat.read(str(ROOT / "exercises" / "00_launch.ipynb"), as_version=4)
+
+
+def _cell(nb, text):
+    return next(c for c in nb.cells if c.cell_type == "code" and text in c.source)
+
+
+def _submission(folder, name, base, edit=None):
+    nb = copy.deepcopy(base)
+    if edit:
+        edit(nb)
+    nbformat.write(nb, str(folder / name))
+
+
+def _solve(nb, function):
+    _cell(nb, f"def {function}(").source = _cell(SOLUTION, f"def {function}(").source
+
+
+def _syntax_error_and_one_solved(nb):
+    _solve(nb, "sum_to_rank0")
+    _cell(nb, "def gather_all(").source = "def gather_all(x)\n    return x"  # missing colon
+
+
+def _crash_first(nb):
+    nb.cells[1].source = "import os\nos._exit(3)  # the kernel dies\n" + nb.cells[1].source
+
+
+def _no_graders(nb):
+    nb.cells = [c for c in nb.cells if "dlcourse" not in c.metadata]
+
+
+def _grade(*argv, marker):
+    """Run `dlcourse grade` in this process; return (exit code, stdout). Every process it starts
+    inherits `marker` in its environment, so the test can find any that outlive it."""
+    out = io.StringIO()
+    os.environ["DLCOURSE_TEST_MARK"] = marker
+    try:
+        with contextlib.redirect_stdout(out):
+            code = cli.main(["grade", *map(str, argv)])
+    finally:
+        del os.environ["DLCOURSE_TEST_MARK"]
+    return code, out.getvalue()
+
+
+def _processes_marked(marker):
+    """Processes carrying `marker`, except this test process and its own children."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        try:
+            if marker.encode() in environ.read_bytes() and pid != os.getpid() and \
+                    int((environ.parent / "stat").read_text().rsplit(")", 1)[1].split()[1]) != os.getpid():
+                found.append(pid)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def class_results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("class")
+    _submission(folder, "good.ipynb", SOLUTION)
+    _submission(folder, "partial.ipynb", EXERCISE, _syntax_error_and_one_solved)
+    _submission(folder, "crash.ipynb", EXERCISE, _crash_first)
+    _submission(folder, "no_graders.ipynb", SOLUTION, _no_graders)
+    (folder / "not_json.ipynb").write_text('{"cells": [ {"cell_type": "code", ', encoding="utf-8")
+    gradebook, marker = folder / "gradebook.csv", uuid.uuid4().hex
+    code, out = _grade(folder, "--csv", gradebook, "--cell-timeout", 45, marker=marker)
+    rows = {Path(r["submission"]).name: r for r in csv.DictReader(open(gradebook))}
+    return code, out, rows, list(csv.reader(open(gradebook)))[0], marker
+
+
+def test_the_gradebook_has_a_row_per_submission_and_a_column_per_exercise(class_results):
+    code, out, rows, header, _ = class_results
+    assert header == ["submission", "gather_all", "sum_to_rank0", "total", "possible", "notes"]
+    assert sorted(rows) == ["crash.ipynb", "good.ipynb", "no_graders.ipynb", "not_json.ipynb",
+                            "partial.ipynb"]
+    assert code == 1  # not every submission has full points
+    assert "5 notebook(s) graded, 1 with full points" in out
+
+
+def _points(row):
+    return [int(row[k]) for k in ("gather_all", "sum_to_rank0", "total", "possible")]
+
+
+def test_good_and_partial_submissions_get_their_points(class_results):
+    _, out, rows, _, _ = class_results
+    assert _points(rows["good.ipynb"]) == [3, 4, 7, 7] and rows["good.ipynb"]["notes"] == ""
+    assert _points(rows["partial.ipynb"]) == [0, 4, 4, 7]
+    assert "SyntaxError" in rows["partial.ipynb"]["notes"]  # the cause, not only the NameError
+    assert re.search(r"gather_all\s+0 / 3\s+failed\s+NameError: name 'gather_all' is not", out)
+    assert re.search(r"sum_to_rank0\s+4 / 4\s+passed", out)
+    assert "good.ipynb: 7 / 7 points" in out and "partial.ipynb: 4 / 7 points" in out
+
+
+@pytest.mark.parametrize("name, says", [
+    ("crash.ipynb", "the kernel died while running this cell"),
+    ("no_graders.ipynb", "no grader cells"),
+    ("not_json.ipynb", "not a readable notebook (NotJSONError"),
+])
+def test_a_bad_submission_gets_a_row_of_zeros_with_the_reason(class_results, name, says):
+    _, _, rows, _, _ = class_results
+    assert _points(rows[name]) == [0, 0, 0, 7]
+    assert says in rows[name]["notes"]
+
+
+def test_a_crashed_kernel_is_noticed_at_once_not_at_the_cell_time_limit(class_results):
+    _, out, _, _, _ = class_results
+    seconds = float(re.search(r"crash\.ipynb: 0 points, graded in ([\d.]+) s", out).group(1))
+    assert seconds < 45, "the grader waited for the cell time limit instead of the dead kernel"
+
+
+def test_grading_a_class_leaves_no_process(class_results):
+    assert not wait_gone(_processes_marked(class_results[4]), seconds=10)
+
+
+def test_a_loop_is_stopped_at_the_cell_limit_and_graded_zero(tmp_path):
+    def loop_then_graders(nb):  # a student's stray loop, then the graders it never lets run
+        graders = [c for c in nb.cells if "dlcourse" in c.metadata]
+        nb.cells = [new_code_cell("while True:\n    pass")] + graders
+
+    _submission(tmp_path, "loop.ipynb", SOLUTION, loop_then_graders)
+    marker, start = uuid.uuid4().hex, time.monotonic()
+    code, out = _grade(tmp_path, "--csv", tmp_path / "gb.csv", "--cell-timeout", 3, marker=marker)
+    assert time.monotonic() - start < 60
+    row = next(csv.DictReader(open(tmp_path / "gb.csv")))
+    assert _points(row) == [0, 0, 0, 7] and code == 1
+    assert "code cell 0 failed: Timeout of 3 seconds exceeded" in row["notes"]
+    assert not wait_gone(_processes_marked(marker), seconds=10)
+
+
+def test_a_notebook_past_its_time_limit_is_killed_with_all_it_started(tmp_path):
+    nb = copy.deepcopy(SOLUTION)
+    # Ranks that would sleep for 10 minutes (if the machine starts them within the limit): the
+    # limit must take down pytest, the kernel and whatever the kernel started.
+    nb.cells.insert(2, new_code_cell('import time\ndlcourse.launch(time.sleep, 600, world_size=2, '
+                                     'backend="gloo", timeout=900)'))
+    nbformat.write(nb, str(tmp_path / "slow.ipynb"))
+    marker, start = uuid.uuid4().hex, time.monotonic()
+    code, out = _grade(tmp_path, "--csv", tmp_path / "gb.csv", "--notebook-timeout", 10,
+                       marker=marker)
+    assert time.monotonic() - start < 40
+    row = next(csv.DictReader(open(tmp_path / "gb.csv")))
+    assert _points(row) == [0, 0, 0, 7]
+    assert "not reached: the notebook ran past its 10 s time limit" in row["notes"]
+    assert not wait_gone(_processes_marked(marker), seconds=10)
+
+
+def test_kill_tree_reaches_a_child_in_a_session_of_its_own():
+    # As jupyter_client starts a kernel: a child with start_new_session, which has a child too.
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(60)\"]); "
+            "print(p.pid, flush=True); time.sleep(60)'], start_new_session=True, stdout=sys.stdout)\n"
+            "time.sleep(60)\n")
+    root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    grandchild = int(root.stdout.readline())
+    grade._kill_tree(root.pid)
+    root.wait(timeout=10)
+    assert not wait_gone([grandchild], seconds=10)
+
+
+def test_folders_are_searched_and_missing_paths_refused(tmp_path, capsys):
+    (tmp_path / "a" / ".ipynb_checkpoints").mkdir(parents=True)
+    for name in ("a/x.ipynb", "a/.ipynb_checkpoints/x-checkpoint.ipynb", "b.ipynb", "c.txt"):
+        (tmp_path / name).write_text("{}")
+    assert grade.find_notebooks([tmp_path]) == [tmp_path / "a" / "x.ipynb", tmp_path / "b.ipynb"]
+    assert cli.main(["grade", str(tmp_path / "missing")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
