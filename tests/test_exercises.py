@@ -1,0 +1,46 @@
+"""Every exercise set, found by globbing: `exercises/` holds exactly what the build makes of
+`solutions/`, and an unsolved exercise notebook fails at its grader cells and nowhere else.
+(The solved notebooks themselves run under nbval with the rest of the suite.)"""
+
+from pathlib import Path
+
+import pytest
+
+from dlcourse.grading.build import exercise_notebook
+from dlcourse.grading.grade import run_cells
+from dlcourse.grading.notebooks import grader_cells, read
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+
+
+def test_every_solution_has_an_exercise_notebook_and_no_exercise_is_orphaned():
+    assert SOLUTIONS, "no solutions/*.ipynb: the exercise sets are missing"
+    assert [p.name for p in EXERCISES] == [p.name for p in SOLUTIONS]
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
+def test_the_exercise_notebook_is_the_build_of_its_solution(solution):
+    exercise = ROOT / "exercises" / solution.name
+    assert exercise.read_text(encoding="utf-8") == exercise_notebook(solution), (
+        f"{exercise.name} differs from what its solution builds: run `dlcourse exercises build`")
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda p: p.name)
+def test_an_unsolved_notebook_fails_exactly_at_its_grader_cells(exercise):
+    nb = read(exercise)
+    graders = {g.code_cell for g in grader_cells(nb)}
+    code_cells = sum(1 for cell in nb.cells if cell.cell_type == "code")
+    assert graders, f"{exercise.name} has no grader cells"
+    cells, problem = run_cells(exercise)
+    assert problem == ""
+    assert sorted(cells) == list(range(code_cells)), "nbval did not report every code cell"
+    for index, cell in sorted(cells.items()):
+        if index in graders:
+            # It fails because of the stub, with the check's message, not some other error.
+            assert cell["outcome"] == "failed", f"grader cell {index} passed an unsolved exercise"
+            assert "not written yet" in cell["reason"] or "NotImplementedError" in cell["reason"], \
+                f"grader cell {index} failed for another reason: {cell['reason']}"
+        else:
+            assert cell["outcome"] == "passed", f"code cell {index} failed: {cell['reason']}"
