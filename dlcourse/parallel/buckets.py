@@ -19,7 +19,7 @@ class Bucket:
     """Some parameters whose gradients travel together in one flat buffer.
 
     The buffer is allocated once and reused every step. `pack` copies the gradients into it,
-    one all-reduce sums it over the ranks, `unpack` copies the averaged values back to `.grad`.
+    one all-reduce sums it over the ranks, `unpack` writes the averages back into `.grad`.
     """
 
     def __init__(self, names, params):
@@ -46,8 +46,8 @@ class Bucket:
                 view.copy_(p.grad.reshape(-1))
         return self.buffer
 
-    def unpack(self, globally_used=None):
-        """Copy the reduced buffer back into `.grad`.
+    def unpack(self, world_size, globally_used=None):
+        """Write the summed buffer divided by `world_size` into `.grad`: the averages.
 
         A parameter with no `.grad` here gets one only if some rank computed a gradient for it
         (`globally_used[i]`); one that no rank used keeps `.grad = None`, as in single-process
@@ -55,9 +55,9 @@ class Bucket:
         """
         for i, (p, view) in enumerate(zip(self.params, self.views())):
             if p.grad is not None:
-                p.grad.copy_(view.view_as(p))
+                torch.div(view.view_as(p), world_size, out=p.grad)  # divide and copy: one pass
             elif globally_used is not None and globally_used[i]:
-                p.grad = view.view_as(p).clone()
+                p.grad = view.view_as(p) / world_size
 
     def __repr__(self):
         shown = ", ".join(self.names[:3]) + (", ..." if len(self.names) > 3 else "")
@@ -102,9 +102,8 @@ def all_reduce_bucket(bucket, group, async_op=False):
 
 
 def finish_bucket(bucket, group, globally_used=None):
-    """Divide the summed buffer by the world size and copy the averages back into `.grad`."""
-    bucket.buffer.div_(dist.get_world_size(group))
-    bucket.unpack(globally_used)
+    """Copy the summed buffer back into `.grad`, divided by the world size: the averages."""
+    bucket.unpack(dist.get_world_size(group), globally_used)
 
 
 def all_reduce_buckets(buckets, group):
