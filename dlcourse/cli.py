@@ -5,7 +5,6 @@ Each subcommand is a small function that takes the parsed arguments; `COMMANDS` 
 
 import argparse
 import sys
-import time
 
 
 def info(args):
@@ -76,25 +75,21 @@ def grade(args):
         return 2
     try:
         notebooks = grading.find_notebooks(args.paths)
-    except FileNotFoundError as error:
+        reference = grading.read_reference(args.against) if args.against else None
+    except (FileNotFoundError, ValueError) as error:
         print(f"dlcourse grade: {error}", file=sys.stderr)
         return 2
     if not notebooks:
         print("dlcourse grade: no .ipynb notebooks in " + " ".join(args.paths), file=sys.stderr)
         return 2
-    submissions = []
-    for i, path in enumerate(notebooks, start=1):  # one at a time: each runs ranks of its own
-        start = time.monotonic()
-        submissions.append(grading.grade_notebook(path, args.cell_timeout, args.notebook_timeout))
-        print(f"[{i}/{len(notebooks)}] {path}: {submissions[-1].total} points, graded in "
-              f"{time.monotonic() - start:.1f} s", flush=True)
-    exercise_ids = gradebook.align(submissions)  # now every table has every exercise
-    for submission in submissions:
+    submissions = grading.grade_all(notebooks, args.cell_timeout, args.notebook_timeout,
+                                    reference)
+    exercise_ids = gradebook.align(submissions, grading.expected_graders(reference))
+    for submission in submissions:  # after align: every table lists every exercise
         print("\n" + "\n".join(gradebook.table(submission)))
-    print()
     if args.csv:
         gradebook.write_csv(submissions, exercise_ids, args.csv)
-        print(f"gradebook written to {args.csv}")
+        print(f"\ngradebook written to {args.csv}")
     print(gradebook.summary(submissions))
     return 0 if all(s.results and s.total == s.possible for s in submissions) else 1
 
@@ -111,11 +106,14 @@ def _add_exercises(sub):
 
 
 def _add_grade(sub):
-    from dlcourse.grading.grade import CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S
+    from dlcourse.grading.nbrun import CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S
 
     p = sub.add_parser("grade", help=grade.__doc__)
     p.add_argument("paths", nargs="+", help="notebooks, or folders searched for *.ipynb")
     p.add_argument("--csv", help="write the gradebook (one row per notebook) to this file")
+    p.add_argument("--against", metavar="NOTEBOOK",
+                   help="the released exercise notebook: its grader cells (code and points) "
+                        "replace each submission's, so an edited check cannot pass")
     p.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S,
                    help=f"seconds one cell may run (default {CELL_TIMEOUT_S:g})")
     p.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT_S,
@@ -136,7 +134,7 @@ def _add_info(sub):
     sub.add_parser("info", help=info.__doc__).set_defaults(run=info)
 
 
-COMMANDS = [_add_info, _add_tour, _add_exercises, _add_grade]  # each adds one subcommand to the parser
+COMMANDS = [_add_info, _add_tour, _add_exercises, _add_grade]  # each adds one subcommand
 
 
 def build_parser():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dlcourse.grading.build import exercise_notebook
-from dlcourse.grading.grade import run_cells
+from dlcourse.grading.nbrun import run_cells
 from dlcourse.grading.notebooks import grader_cells, read
 
 ROOT = Path(__file__).resolve().parents[1]

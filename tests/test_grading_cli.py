@@ -20,7 +20,7 @@ from nbformat.v4 import new_code_cell
 
 from conftest import wait_gone
 from dlcourse import cli
-from dlcourse.grading import grade
+from dlcourse.grading import grade, nbrun
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = nbformat.read(str(ROOT / "solutions" / "00_launch.ipynb"), as_version=4)
@@ -42,9 +42,11 @@ def _solve(nb, function):
     _cell(nb, f"def {function}(").source = _cell(SOLUTION, f"def {function}(").source
 
 
-def _syntax_error_and_one_solved(nb):
+def _syntax_error_one_solved_and_a_check_edited(nb):
     _solve(nb, "sum_to_rank0")
     _cell(nb, "def gather_all(").source = "def gather_all(x)\n    return x"  # missing colon
+    edited = _cell(nb, "check_gather_all(gather_all)")  # the student "fixes" the grader cell
+    edited.source, edited.metadata["dlcourse"]["points"] = 'print("passed")', 30
 
 
 def _crash_first(nb):
@@ -71,14 +73,14 @@ def _grade(*argv, marker):
 def _processes_marked(marker):
     """Processes carrying `marker`, except this test process and its own children."""
     found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        pid = int(environ.parent.name)
+    for folder in Path("/proc").glob("[0-9]*"):
         try:
-            if marker.encode() in environ.read_bytes() and pid != os.getpid() and \
-                    int((environ.parent / "stat").read_text().rsplit(")", 1)[1].split()[1]) != os.getpid():
-                found.append(pid)
+            marked = marker.encode() in (folder / "environ").read_bytes()
+            parent = int((folder / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError):
-            continue
+            continue  # gone while we looked, or not ours to read
+        if marked and os.getpid() not in (int(folder.name), parent):
+            found.append(int(folder.name))
     return found
 
 
@@ -86,12 +88,13 @@ def _processes_marked(marker):
 def class_results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("class")
     _submission(folder, "good.ipynb", SOLUTION)
-    _submission(folder, "partial.ipynb", EXERCISE, _syntax_error_and_one_solved)
+    _submission(folder, "partial.ipynb", EXERCISE, _syntax_error_one_solved_and_a_check_edited)
     _submission(folder, "crash.ipynb", EXERCISE, _crash_first)
     _submission(folder, "no_graders.ipynb", SOLUTION, _no_graders)
     (folder / "not_json.ipynb").write_text('{"cells": [ {"cell_type": "code", ', encoding="utf-8")
     gradebook, marker = folder / "gradebook.csv", uuid.uuid4().hex
-    code, out = _grade(folder, "--csv", gradebook, "--cell-timeout", 45, marker=marker)
+    code, out = _grade(folder, "--csv", gradebook, "--cell-timeout", 45,
+                       "--against", ROOT / "exercises" / "00_launch.ipynb", marker=marker)
     rows = {Path(r["submission"]).name: r for r in csv.DictReader(open(gradebook))}
     return code, out, rows, list(csv.reader(open(gradebook)))[0], marker
 
@@ -112,7 +115,7 @@ def _points(row):
 def test_good_and_partial_submissions_get_their_points(class_results):
     _, out, rows, _, _ = class_results
     assert _points(rows["good.ipynb"]) == [3, 4, 7, 7] and rows["good.ipynb"]["notes"] == ""
-    assert _points(rows["partial.ipynb"]) == [0, 4, 4, 7]
+    assert _points(rows["partial.ipynb"]) == [0, 4, 4, 7]  # the edited check and points undone
     assert "SyntaxError" in rows["partial.ipynb"]["notes"]  # the cause, not only the NameError
     assert re.search(r"gather_all\s+0 / 3\s+failed\s+NameError: name 'gather_all' is not", out)
     assert re.search(r"sum_to_rank0\s+4 / 4\s+passed", out)
@@ -172,16 +175,47 @@ def test_a_notebook_past_its_time_limit_is_killed_with_all_it_started(tmp_path):
     assert not wait_gone(_processes_marked(marker), seconds=10)
 
 
-def test_kill_tree_reaches_a_child_in_a_session_of_its_own():
-    # As jupyter_client starts a kernel: a child with start_new_session, which has a child too.
-    code = ("import subprocess, sys, time\n"
-            "subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time; "
-            "p = subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(60)\"]); "
-            "print(p.pid, flush=True); time.sleep(60)'], start_new_session=True, stdout=sys.stdout)\n"
-            "time.sleep(60)\n")
-    root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def test_a_class_of_unreadable_notebooks_still_gets_the_reference_columns(tmp_path, capsys):
+    (tmp_path / "a.ipynb").write_text("not json")
+    (tmp_path / "b.ipynb").write_text('{"cells": "not a list"}')
+    code = cli.main(["grade", str(tmp_path), "--csv", str(tmp_path / "gb.csv"),
+                     "--against", str(ROOT / "exercises" / "00_launch.ipynb")])
+    rows = list(csv.DictReader(open(tmp_path / "gb.csv")))
+    assert code == 1 and [Path(r["submission"]).name for r in rows] == ["a.ipynb", "b.ipynb"]
+    assert all(_points(r) == [0, 0, 0, 7] and "not a readable notebook" in r["notes"] for r in rows)
+    assert "a.ipynb: 0 / 7 points" in capsys.readouterr().out
+
+
+def test_restoring_graders_undoes_edits_and_unmarks_strays():
+    nb = copy.deepcopy(EXERCISE)
+    _syntax_error_one_solved_and_a_check_edited(nb)
+    stray = new_code_cell("assert True", metadata={"dlcourse": {"grader": "bonus", "points": 99}})
+    copied = copy.deepcopy(_cell(nb, "check_sum_to_rank0(sum_to_rank0)"))
+    copied.source = "pass"
+    nb.cells += [stray, copied]
+    grade.restore_graders(nb, EXERCISE)
+    marks = [(c.metadata["dlcourse"], c.source) for c in nb.cells if "dlcourse" in c.metadata]
+    official = [(c.metadata["dlcourse"], c.source)
+                for c in EXERCISE.cells if "dlcourse" in c.metadata]
+    assert marks == official  # the edited one restored; the stray and the copy grade nothing
+
+
+KERNEL_LIKE = """
+import subprocess, sys, time
+if sys.argv[1] == "root":  # starts a "kernel" in a session of its own, as jupyter_client does
+    subprocess.Popen([sys.executable, __file__, "kernel"], start_new_session=True)
+elif sys.argv[1] == "kernel":  # which starts a "rank" and says which
+    print(subprocess.Popen([sys.executable, __file__, "rank"]).pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_kill_tree_reaches_a_child_in_a_session_of_its_own(tmp_path):
+    (tmp_path / "tree.py").write_text(KERNEL_LIKE)
+    root = subprocess.Popen([sys.executable, str(tmp_path / "tree.py"), "root"],
+                            stdout=subprocess.PIPE, text=True)
     grandchild = int(root.stdout.readline())
-    grade._kill_tree(root.pid)
+    nbrun._kill_tree(root.pid)
     root.wait(timeout=10)
     assert not wait_gone([grandchild], seconds=10)
 
@@ -193,3 +227,5 @@ def test_folders_are_searched_and_missing_paths_refused(tmp_path, capsys):
     assert grade.find_notebooks([tmp_path]) == [tmp_path / "a" / "x.ipynb", tmp_path / "b.ipynb"]
     assert cli.main(["grade", str(tmp_path / "missing")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+    assert cli.main(["grade", str(tmp_path / "b.ipynb"), "--against", str(tmp_path / "c.txt")]) == 2
+    assert "not a readable notebook" in capsys.readouterr().err

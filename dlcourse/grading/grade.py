@@ -1,27 +1,23 @@
 """Grade submitted notebooks with nbval as the engine (`dlcourse grade`).
 
-For each notebook, a fresh `python -m pytest --nbval-lax` runs every cell in order in its own
-kernel, with a time limit per cell (nbval interrupts the kernel) and one for the whole notebook
-(we kill pytest, its kernel and the kernel's ranks). The `nbresults` plugin writes one line per
-cell; a grader cell that passed earns its points, any other earns 0 with the first line of why.
+Each notebook runs top to bottom in a fresh kernel (`nbrun.run_cells`). A grader cell that
+passed earns its points; any other earns 0 with the first line of why. Given the released
+exercise notebook as `reference`, the submission's grader cells are first replaced by the
+reference's (matched by exercise id), so an edited check or edited points count for nothing, and
+the exercises and points are the reference's.
 
 Whatever a submission does (crash the kernel, loop forever, fail to parse, not be a notebook,
 lose its grader cells) it gets a `Submission` with the reason, and the next one is graded.
 """
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlcourse.grading.notebooks import GraderMarkError, grader_cells, read
+from dlcourse.grading.nbrun import CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, run_cells
+from dlcourse.grading.notebooks import METADATA_KEY, GraderMarkError, grader_cells, read
 
-CELL_TIMEOUT_S = 60.0  # a grader cell runs a few short launches; a minute means a stuck cell
-NOTEBOOK_TIMEOUT_S = 300.0  # kernel start + every cell; an exercise notebook takes ~10 s
+MISSING = "no grader cell for this exercise in the notebook"
 
 # nbval's words for a cell it could not run, and what they mean to a student.
 _NBVAL_REASONS = {
@@ -67,11 +63,40 @@ def find_notebooks(paths):
     return found
 
 
-def grade_notebook(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEOUT_S):
-    """Run one notebook under nbval and score its grader cells."""
-    submission = Submission(Path(path))
+def read_reference(path):
+    """The released exercise notebook whose grader cells replace the submissions'."""
+    reference = read(path)
+    if not grader_cells(reference):
+        raise ValueError(f"{path} (the reference) has no grader cells to grade with")
+    return reference
+
+
+def expected_graders(reference):
+    """The reference's graders (exercise, points), or none without a reference."""
+    return grader_cells(reference) if reference is not None else []
+
+
+def grade_all(notebooks, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEOUT_S,
+              reference=None):
+    """Grade each notebook in turn (each runs ranks of its own), printing one line per notebook."""
+    submissions = []
+    for i, path in enumerate(notebooks, start=1):
+        start = time.monotonic()
+        submissions.append(grade_notebook(path, cell_timeout, notebook_timeout, reference))
+        print(f"[{i}/{len(notebooks)}] {path}: {submissions[-1].total} points, graded in "
+              f"{time.monotonic() - start:.1f} s", flush=True)
+    return submissions
+
+
+def grade_notebook(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEOUT_S,
+                   reference=None):
+    """Run one notebook under nbval and score its grader cells (`reference`: see above)."""
+    submission, expected = Submission(Path(path)), expected_graders(reference)
     try:
-        graders = grader_cells(read(path))
+        nb = read(path)
+        if reference is not None:
+            restore_graders(nb, reference)
+        graders = grader_cells(nb)
     except (ValueError, GraderMarkError) as error:
         submission.notes.append(str(error))
         submission.readable = False
@@ -79,21 +104,45 @@ def grade_notebook(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_
     if not graders:  # nothing to score, so nothing to run
         submission.notes.append("no grader cells (a grader cell has metadata "
                                 '{"dlcourse": {"grader": ..., "points": ...}}): were they deleted?')
-        return submission
-    cells, problem = run_cells(Path(path), cell_timeout, notebook_timeout)
-    if problem:
-        submission.notes.append(problem)
-    for g in graders:
-        cell = cells.get(g.code_cell)
-        if cell is None:
-            reason = problem or "not run"
-        elif cell["outcome"] == "passed":
-            reason = ""
-        else:
-            reason = _NBVAL_REASONS.get(cell["reason"], cell["reason"]) or cell["outcome"]
-        submission.results.append(Result(g.exercise, g.points, 0 if reason else g.points, reason))
-    submission.notes += _failed_other_cells(cells, {g.code_cell for g in graders})
+    else:
+        cells, problem = run_cells(path, cell_timeout, notebook_timeout,
+                                   nb=nb if reference is not None else None)
+        submission.notes += [problem] if problem else []
+        submission.results = [_score(g, cells.get(g.code_cell), problem) for g in graders]
+        submission.notes += _failed_other_cells(cells, {g.code_cell for g in graders})
+    graded = {r.exercise for r in submission.results}
+    submission.results += [Result(g.exercise, g.points, 0, MISSING)
+                           for g in expected if g.exercise not in graded]
     return submission
+
+
+def _score(grader, cell, problem):
+    if cell is None:  # nbval never reached it
+        return Result(grader.exercise, grader.points, 0, problem or "not run")
+    if cell["outcome"] == "passed":
+        return Result(grader.exercise, grader.points, grader.points)
+    reason = _NBVAL_REASONS.get(cell["reason"], cell["reason"]) or cell["outcome"]
+    return Result(grader.exercise, grader.points, 0, reason)
+
+
+def restore_graders(nb, reference):
+    """Give `nb` the reference's grader cells, in place: each cell marked as grading an exercise
+    of the reference gets the reference's source and points. A mark the reference does not
+    have, or a second cell for one exercise (a copied cell), loses its mark: it grades nothing."""
+    code_cells = [c for c in reference.cells if c.cell_type == "code"]
+    official = {g.exercise: code_cells[g.code_cell] for g in grader_cells(reference)}
+    restored = set()
+    for cell in nb.cells:
+        mark = cell.get("metadata", {}).get(METADATA_KEY)
+        if cell.cell_type != "code" or not isinstance(mark, dict) or "grader" not in mark:
+            continue
+        exercise = mark.get("grader")
+        if isinstance(exercise, str) and exercise in official and exercise not in restored:
+            cell.source = official[exercise].source
+            cell.metadata[METADATA_KEY] = dict(official[exercise].metadata[METADATA_KEY])
+            restored.add(exercise)
+        else:
+            del cell.metadata[METADATA_KEY]
 
 
 def _failed_other_cells(cells, grader_indices):
@@ -105,81 +154,3 @@ def _failed_other_cells(cells, grader_indices):
             reason = _NBVAL_REASONS.get(cell["reason"], cell["reason"])
             return [f"code cell {index} failed: {reason}"]
     return []
-
-
-def run_cells(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEOUT_S):
-    """Run every cell of one notebook under nbval in a fresh kernel. Returns
-    ({code cell index: {"outcome": "passed" | "failed" | "skipped", "reason": ...}}, problem),
-    `problem` being "" or why the run as a whole fell short (time limit, pytest failure)."""
-    with tempfile.TemporaryDirectory(prefix="dlcourse-grade-") as tmp:
-        ini, results = Path(tmp, "pytest.ini"), Path(tmp, "cells.jsonl")
-        ini.write_text("[pytest]\n")  # our settings only, not those of a project around `path`
-        command = [
-            sys.executable, "-m", "pytest", "-q", "-c", str(ini), "--rootdir", str(path.parent),
-            "-p", "no:cacheprovider", "--noconftest", "-p", "nbval.plugin",
-            "-p", "dlcourse.grading.nbresults", "--dlcourse-results", str(results),
-            "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={cell_timeout:g}",
-            str(path),
-        ]
-        returncode, output = _run_with_limit(command, notebook_timeout)
-        cells = _read_results(results)
-    if returncode is None:
-        return cells, f"not reached: the notebook ran past its {notebook_timeout:g} s time limit"
-    if returncode not in (0, 1) and not cells:  # pytest itself failed: usage, collection, ...
-        tail = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
-        return cells, f"nbval could not run the notebook (pytest exit {returncode}): {tail[0]}"
-    return cells, ""
-
-
-def _run_with_limit(command, seconds):
-    """Run `command`; return (exit code, output), or (None, output) if it ran past `seconds`."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    # Only the plugins named on the command line: the others cost a second per notebook.
-    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=env, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=seconds)
-        return process.returncode, output
-    except subprocess.TimeoutExpired:
-        _kill_tree(process.pid)
-        output, _ = process.communicate()
-        return None, output
-
-
-def _kill_tree(pid):
-    """SIGKILL `pid` and everything below it. jupyter_client starts the kernel in a session of
-    its own, so a process-group kill would miss it (and the ranks it launched); /proc knows the
-    whole family. Where there is no /proc, the kernel notices its parent is gone and exits."""
-    family = [pid]
-    children = _children_by_parent()
-    for p in family:  # grows as we go: breadth-first over the tree
-        family += children.get(p, [])
-    for p in family:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _children_by_parent():
-    children = {}
-    for entry in Path("/proc").glob("[0-9]*/stat") if Path("/proc").is_dir() else []:
-        try:
-            ppid = int(entry.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue  # the process ended while we looked
-        children.setdefault(ppid, []).append(int(entry.parent.name))
-    return children
-
-
-def _read_results(path):
-    cells = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut short when the run was killed
-            cells[record["cell"]] = record
-    return cells

@@ -1,30 +1,30 @@
 """What `dlcourse grade` shows and writes: a table per notebook and a CSV gradebook.
 
 The gradebook has one row per submission and one column per exercise (the points earned), then
-`total`, `possible` and `notes` (why points were lost). Exercises are the union of the grader
-cells of every notebook graded in one call, in the order first seen, so grade one exercise set
-per call; a submission without an exercise's grader cell gets 0 for it, and a note.
+`total`, `possible` and `notes` (why points were lost). The exercises are the reference's (with
+`--against`), then any other grader cells of the notebooks graded in one call, in the order
+first seen: grade one exercise set per call. A submission without an exercise's grader cell
+gets 0 for it, and a note.
 """
 
 import csv
 
-from dlcourse.grading.grade import Result
+from dlcourse.grading.grade import MISSING, Result
 
 REASON_WIDTH = 100  # characters of a failure shown in the table; the CSV keeps the whole line
 
 
-def align(submissions):
-    """Give every submission a Result for every exercise seen; return the exercise ids."""
-    exercises, points = [], {}
+def align(submissions, expected=()):
+    """Give every submission a Result for every exercise; return the exercise ids. `expected`:
+    the reference's graders (`notebooks.Grader`), which come first and set the points."""
+    points = {g.exercise: g.points for g in expected}
     for sub in submissions:
         for r in sub.results:
-            if r.exercise not in points:
-                exercises.append(r.exercise)
-                points[r.exercise] = r.points
+            points.setdefault(r.exercise, r.points)
+    exercises = list(points)  # dicts keep insertion order: the reference's, then first seen
     for sub in submissions:
         have = {r.exercise for r in sub.results}
-        reason = ("no grader cell for this exercise in the notebook" if sub.readable
-                  else "not graded: see the note")
+        reason = MISSING if sub.readable else "not graded: see the note"
         for exercise in exercises:
             if exercise not in have:
                 sub.results.append(Result(exercise, points[exercise], 0, reason))
@@ -42,8 +42,8 @@ def table(sub):
     for r in sub.results:
         result = "passed" if not r.reason else "failed"
         reason = r.reason if len(r.reason) <= REASON_WIDTH else r.reason[:REASON_WIDTH - 3] + "..."
-        lines.append(f"  {r.exercise.ljust(width)}  {r.earned:>2} / {r.points:<2} {result}  {reason}"
-                     .rstrip())
+        row = f"  {r.exercise.ljust(width)}  {r.earned:>2} / {r.points:<2} {result}  {reason}"
+        lines.append(row.rstrip())
     lines += [f"  note: {note}" for note in sub.notes]
     return lines
 

@@ -52,18 +52,27 @@ def pytest_runtest_makereport(item, call):
     # One line per cell: its "call" phase, or its "setup" phase if it never got that far.
     if results is not None and isinstance(item, IPyNbCell):
         if call.when == "call" or (call.when == "setup" and report.outcome != "passed"):
-            line = {"cell": item.cell_num, "outcome": report.outcome,
-                    "reason": _reason(item, call, report)}
+            outcome = report.outcome
+            # A cell that raised did not pass, whatever a NBVAL_RAISES_EXCEPTION mark says: a
+            # student could otherwise add one to a grader cell.
+            if outcome == "passed" and _error_output(item) is not None:
+                outcome = "failed"
+            line = {"cell": item.cell_num, "outcome": outcome,
+                    "reason": _reason(item, call, report, outcome)}
             results.write(json.dumps(line) + "\n")
             results.flush()
     return report
 
 
-def _reason(item, call, report):
+def _error_output(item):
+    return next((o for o in item.test_outputs or [] if o.get("output_type") == "error"), None)
+
+
+def _reason(item, call, report, outcome):
     """The first line a student or instructor needs: the cell's exception, as the kernel said it."""
-    if report.outcome == "passed":
+    if outcome == "passed":
         return ""
-    error = next((o for o in item.test_outputs or [] if o.get("output_type") == "error"), None)
+    error = _error_output(item)
     if error is not None and error.get("ename") != "KeyboardInterrupt":
         return _first_line(f"{error['ename']}: {error['evalue']}")
     if call.excinfo is not None:  # a timeout (nbval interrupted the kernel), a dead kernel
