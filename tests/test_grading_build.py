@@ -66,7 +66,7 @@ def test_a_hint_with_quotes_stays_valid_python():
 @pytest.mark.parametrize("source, problem", [
     ("### BEGIN SOLUTION\nx = 1", "never closed"),
     ("x = 1\n### END SOLUTION", "without a ### BEGIN SOLUTION"),
-    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "line 2: ### BEGIN SOLUTION inside"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "line 2: ### BEGIN SOLUTION in"),
     ("### HINT: where am I\nx = 1", "line 1: ### HINT: must be inside a region"),
     ("### BEGIN SOLUTION\n### HINT: a\n### HINT: b\n### END SOLUTION", "line 3: ### HINT:"),
 ])
@@ -77,7 +77,8 @@ def test_malformed_regions_are_refused_naming_the_line(source, problem):
 
 def _solution(tmp_path, cells, name="00_demo.ipynb"):
     nb = new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
     path = tmp_path / "solutions" / name
     path.parent.mkdir(exist_ok=True)
     nbformat.write(nb, str(path))

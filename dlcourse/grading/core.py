@@ -27,7 +27,8 @@ The API:
   for "build it from send/recv" exercises. The guard is installed before the student's function
   is unpickled, so `from torch.distributed import all_reduce` in the notebook is caught too.
   It guards the public functions a student reaches for, not a deliberate bypass through
-  `ProcessGroup` methods.
+  `ProcessGroup` methods; a torch function that calls a forbidden one inside (all_gather_object
+  calls all_gather) is refused with it.
 - `expect_tensor(got, expected, where=, rank=, atol=0, rtol=0, tolerance="", hint="")`: type,
   shape, dtype, then values; names the first differing element and how many differ. Exact unless
   a tolerance is given; `tolerance` says where it comes from and is printed with a mismatch.
@@ -51,7 +52,7 @@ from dlcourse.errors import RankError, RankTimeout
 # torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
 CHECK_TIMEOUT_S = 10.0
 
-# Every collective in torch.distributed; `forbid=COLLECTIVES` leaves send/recv (and barrier).
+# The collectives of torch.distributed; `forbid=COLLECTIVES` leaves send/recv (and barrier).
 COLLECTIVES = (
     "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
@@ -95,12 +96,16 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
         raise CheckFailed(_explain(exercise, where or exercise, hint, error)) from None
 
 
+_STUB = "raised NotImplementedError"
+
+
 def _explain(exercise, where, hint, error):
     summary = error.failures.get(error.rank, str(error).splitlines()[0])
     if "ForbiddenCall: " in summary:
         return f"{where}: rank {error.rank} {summary.split('ForbiddenCall: ', 1)[1]}"
-    if "NotImplementedError" in summary:
-        said = summary.split("NotImplementedError", 1)[1].lstrip(": ")
+    # The stub that `dlcourse exercises build` writes, not a NotImplementedError from torch.
+    if summary == _STUB or summary.startswith(_STUB + ": Hint:"):
+        said = summary[len(_STUB) + 2:]  # "Hint: ..." or nothing
         return (f"{exercise} is not written yet: replace its `raise NotImplementedError` line "
                 f"with your code. {said}").rstrip()
     hint = f"\nHint: {hint}" if hint else ""

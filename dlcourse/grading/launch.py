@@ -78,4 +78,5 @@ def check_sum_to_rank0(sum_to_rank0, timeout=CHECK_TIMEOUT_S):
 
 
 def _cases(cases):
-    return "; ".join(f"{ws} ranks, {str(d).removeprefix('torch.')} {tuple(s)}" for ws, s, d in cases)
+    return "; ".join(f"{ws} ranks, {str(dtype).removeprefix('torch.')} {tuple(shape)}"
+                     for ws, shape, dtype in cases)
