@@ -314,6 +314,15 @@ def test_a_crash_names_the_case_and_keeps_the_students_traceback():
     assert isinstance(failed.value.__cause__, AttributeError)  # the student's own frame
 
 
+def test_a_not_implemented_error_from_torch_is_not_the_stub():
+    def unsupported(batch, seq_len, hidden, dropout, dtype):
+        raise NotImplementedError("\"addmm_impl_cpu_\" not implemented for 'Half'")
+
+    with pytest.raises(CheckFailed) as failed:
+        check_mlp_activations(unsupported)
+    assert str(failed.value).startswith(FIRST_MLP + ": raised NotImplementedError: \"addmm")
+
+
 def test_none_and_the_result_instead_of_the_function_are_explained():
     with pytest.raises(CheckFailed, match="returned None, expected a number of bytes"):
         check_mlp_activations(lambda *args: None)
