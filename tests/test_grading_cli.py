@@ -47,6 +47,7 @@ def _syntax_error_one_solved_and_a_check_edited(nb):
     _cell(nb, "def gather_all(").source = "def gather_all(x)\n    return x"  # missing colon
     edited = _cell(nb, "check_gather_all(gather_all)")  # the student "fixes" the grader cell
     edited.source, edited.metadata["dlcourse"]["points"] = 'print("passed")', 30
+    edited.metadata["tags"] = ["raises-exception"]  # nbval would pass it even when it raises
 
 
 def _crash_first(nb):
@@ -115,7 +116,8 @@ def _points(row):
 def test_good_and_partial_submissions_get_their_points(class_results):
     _, out, rows, _, _ = class_results
     assert _points(rows["good.ipynb"]) == [3, 4, 7, 7] and rows["good.ipynb"]["notes"] == ""
-    assert _points(rows["partial.ipynb"]) == [0, 4, 4, 7]  # the edited check and points undone
+    # The edited check, its points and its raises-exception tag all count for nothing.
+    assert _points(rows["partial.ipynb"]) == [0, 4, 4, 7]
     assert "SyntaxError" in rows["partial.ipynb"]["notes"]  # the cause, not only the NameError
     assert re.search(r"gather_all\s+0 / 3\s+failed\s+NameError: name 'gather_all' is not", out)
     assert re.search(r"sum_to_rank0\s+4 / 4\s+passed", out)
