@@ -12,9 +12,10 @@ The contract, for every exercise set (lesson NN, topic `topic`):
 - Checks live in `dlcourse/grading/<topic>.py` and build on `core.py` (run on real ranks,
   compare with an independent reference, forbid collectives, messages a student can act on).
   Lesson 00's are in `launch.py`.
-- `dlcourse grade PATH... [--csv FILE]` runs each notebook under nbval (`grade.py`, with the
-  `nbresults.py` pytest plugin) and turns grader cells into points, a table and a gradebook
-  (`gradebook.py`).
+- `dlcourse grade PATH... [--against EXERCISE_NOTEBOOK] [--csv FILE]` runs each notebook under
+  nbval (`nbrun.py`, with the `nbresults.py` pytest plugin), puts back the released grader
+  cells (`--against`), and turns grader cells into points (`grade.py`), a table and a
+  gradebook (`gradebook.py`).
 
 This package imports nothing heavy itself: `from dlcourse.grading.launch import check_gather_all`.
 """
