@@ -39,7 +39,7 @@ def train_with_unused(variant, find_unused_parameters=True, steps=3):
     group, rank = dist.group.WORLD, dist.get_rank()
     torch.manual_seed(0)  # the same nn.Linear weights on every rank and in every variant
     model = wrap(variant, WithUnused(), group, CAP_MB, find_unused_parameters)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = shard_batch(synthetic_tokens(8, CFG, seed=1), group)
     start = {n: p.detach().clone() for n, p in model.module.named_parameters()}
     for step in range(steps):

@@ -15,6 +15,7 @@ different processes on one machine share a time axis. Ranks on several machines 
 """
 
 import contextlib
+import re
 import time
 from dataclasses import dataclass
 
@@ -61,7 +62,7 @@ def plot_timeline(spans, title, ax=None, lanes=None, colors=None, label_bars=Fal
     per lane in it, time in ms from the earliest start. Returns the Axes.
 
     lanes: lane names, top to bottom within a rank (default: order of first appearance).
-    colors: name -> colour; names not in it get the next colour of matplotlib's cycle.
+    colors: name -> colour; other names get matplotlib's colour cycle in natural name order.
     label_bars: write each span's name on its bar (for short names such as "F3").
     """
     if not spans:
@@ -73,9 +74,10 @@ def plot_timeline(spans, title, ax=None, lanes=None, colors=None, label_bars=Fal
     t0 = min(s.start for s in spans)
     row = {(r, lane): i * (len(lanes) + 1) + j for i, r in enumerate(ranks)
            for j, lane in enumerate(lanes)}  # a blank row between ranks
-    for s in spans:
-        y = row[(s.rank, s.lane)]
-        ax.barh(y, 1000 * s.duration, left=1000 * (s.start - t0), height=0.8,
+    for s, level, levels in _stack_overlaps(spans):
+        height = 0.8 / levels  # spans running at the same time in one lane share its row
+        y = row[(s.rank, s.lane)] - 0.4 + height * (level + 0.5)
+        ax.barh(y, 1000 * s.duration, left=1000 * (s.start - t0), height=height,
                 color=colors[s.name], edgecolor="black", linewidth=0.3, label=s.name)
         if label_bars:
             ax.text(1000 * (s.start + s.end - 2 * t0) / 2, y, s.name, ha="center",
@@ -88,18 +90,40 @@ def plot_timeline(spans, title, ax=None, lanes=None, colors=None, label_bars=Fal
     return ax
 
 
+def _stack_overlaps(spans):
+    """[(span, level, levels)]: spans of one rank and lane that overlap in time (two all-reduces
+    in flight at once) go on separate levels, each on the first level free at its start."""
+    out = []
+    for key in dict.fromkeys((s.rank, s.lane) for s in spans):
+        in_lane = sorted((s for s in spans if (s.rank, s.lane) == key), key=lambda s: s.start)
+        ends, levels = [], []  # ends[i]: when the last span on level i ends
+        for s in in_lane:
+            level = next((i for i, end in enumerate(ends) if end <= s.start), len(ends))
+            ends[level:level + 1] = [s.end]
+            levels.append(level)
+        out += [(s, level, len(ends)) for s, level in zip(in_lane, levels)]
+    return out
+
+
 def _colours_by_name(spans, given):
+    # Names in natural order ("bucket 2" before "bucket 10"), so two runs with the same names
+    # get the same colours whatever order their spans were recorded in.
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colors = dict(given)
-    for name in dict.fromkeys(s.name for s in spans):
+    for name in sorted({s.name for s in spans}, key=_natural):
         if name not in colors:
             colors[name] = cycle[len(colors) % len(cycle)]
     return colors
 
 
+def _natural(name):
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in re.split(r"(\d+)", name)]
+
+
 def _legend_once_per_name(ax):
     handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
+    unique = dict(sorted(zip(labels, handles), key=lambda item: _natural(item[0])))
     if len(unique) <= 12:  # more names than that (a pipeline's micro-batches): label the bars
         ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.01, 1),
                   fontsize=8, frameon=False)
