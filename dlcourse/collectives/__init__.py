@@ -4,7 +4,8 @@
     tree.py     binomial-tree broadcast and reduce; the naive all-reduce through one root
     cost.py     the alpha-beta model, nccl-tests' algbw/busbw, fitting alpha and beta
     counter.py  CommCounter: what a rank sends, op by op (lessons 02, 03, 05)
-    measure.py  timing ops on ranks, and the values the figures of lesson 02 are drawn from
+    measure.py  timing ops on ranks: the lesson's curves and benchmarks/collectives.py
+    demo.py     each collective's before and after, and a ring step by step, for the figures
     p2p.py      the pieces they share: group ranks, one exchange of messages, ReduceOp
 """
 
