@@ -4,6 +4,7 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import dlcourse
@@ -15,6 +16,7 @@ from dlcourse.collectives import (
     ring_all_reduce,
     tree_all_reduce,
 )
+from dlcourse.collectives.measure import time_ops
 
 # nccl-tests' bus factors (doc/PERFORMANCE.md), written out here independently of cost.py.
 NCCL_TESTS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -44,6 +46,10 @@ def torch_ops():
         dist.broadcast(t, src=0)
         dist.reduce(t, dst=0)
         expected += [("broadcast", 24, n), ("reduce", 24, n)]
+        # Functional collectives, as DTensor issues them: they name their group.
+        funcol.wait_tensor(funcol.all_reduce(t, "sum", dist.group.WORLD))
+        funcol.wait_tensor(funcol.all_gather_tensor(t, 0, dist.group.WORLD))
+        expected += [("all_reduce", 24, n), ("all_gather", 24 * n, n)]
         if rank < 2:
             dist.all_reduce(t.double(), group=pair)  # 48 bytes on a group of 2
             other = 1 - rank
@@ -148,3 +154,11 @@ def test_fit_alpha_beta_recovers_the_line_it_was_made_from():
     fitted_alpha, fitted_beta = fit_alpha_beta(sizes, times)
     assert math.isclose(fitted_alpha, alpha, rel_tol=0.1)
     assert math.isclose(fitted_beta, beta, rel_tol=0.05)
+
+
+def test_time_ops_gives_every_rank_the_slowest_ranks_time():
+    sizes = [1 << 10, 1 << 14]
+    per_rank = launch(time_ops, ["ring step", "ring all_reduce"], sizes, 2, world_size=2)
+    assert per_rank[0] == per_rank[1]  # the max over ranks, the same on both
+    for seconds in per_rank[0].values():
+        assert len(seconds) == len(sizes) and all(0 < t < 10 for t in seconds)
