@@ -11,6 +11,7 @@ A strategy is a row in `ROWS`: a name and a function that runs on every rank and
 import statistics
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ import dlcourse
 from dlcourse import backends
 from dlcourse.memory import count_params, measure_model_state
 from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
+from dlcourse.parallel.compare import DDP, train_tour_row
 
 # Rounding: a sum over 4 ranks adds the same fp32 numbers in another order (~1e-7 relative).
 # AdamW divides each update by sqrt(v); for a gradient element near zero that turns rounding
@@ -108,7 +110,10 @@ def train_torch_ddp(cfg):
 
 ROWS = [
     Row("single process (reference)", train_reference, distributed=False),
-    Row("torch DDP", train_torch_ddp),
+    Row("DP naive (lesson 03)", partial(train_tour_row, "naive")),
+    Row("DP bucketed (lesson 03)", partial(train_tour_row, "bucketed")),
+    Row("DP overlapped (lesson 03)", partial(train_tour_row, "overlapped")),
+    Row("torch DDP", partial(train_tour_row, DDP)),
 ]
 
 

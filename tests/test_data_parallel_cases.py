@@ -2,6 +2,7 @@
 batches, the overlap itself, the bucket plan, and the errors a student meets.
 Tolerances as in test_data_parallel.py (fp32 rounding; AdamW's near-zero gradients)."""
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,9 +11,9 @@ import torch.nn as nn
 import dlcourse
 from dlcourse.models import GPT, GPTConfig, MLP, MLPConfig, lm_loss, synthetic_tokens
 from dlcourse.parallel.buckets import make_buckets
-from dlcourse.parallel.compare import NAMES, VARIANTS, wrap
+from dlcourse.parallel.compare import NAMES, VARIANTS, count_step, ring_all_reduce_bytes, wrap
 from dlcourse.parallel.data import shard_batch, train_step, uneven_loss_scale
-from dlcourse.plots.timeline import Timeline
+from dlcourse.plots.timeline import Span, Timeline, _stack_overlaps, plot_timeline
 from dlcourse.tour import MATCH_TOLERANCE
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, n_layers=2, n_heads=2, hidden=16)
@@ -160,3 +161,35 @@ def test_buckets_take_parameters_last_layer_first_up_to_the_cap():
         assert b.nbytes >= 20_000 and b.nbytes - b.params[-1].numel() * 4 < 20_000
     assert len(make_buckets(model, bucket_cap_mb=0)) == len(names)  # one each
     assert len(make_buckets(model, bucket_cap_mb=25)) == 1
+
+
+def test_timeline_stacks_spans_in_flight_together_and_draws_each_once():
+    spans = [Span(0, "all-reduce", "bucket 0", 0.0, 2.0), Span(0, "all-reduce", "bucket 1", 1.0, 3.0),
+             Span(0, "all-reduce", "bucket 2", 2.5, 4.0), Span(0, "compute", "backward", 0.0, 4.0),
+             Span(1, "compute", "backward", 0.5, 3.0)]
+    levels = {(s.rank, s.name): (level, n) for s, level, n in _stack_overlaps(spans)}
+    assert levels == {(0, "bucket 0"): (0, 2), (0, "bucket 1"): (1, 2), (0, "bucket 2"): (0, 2),
+                      (0, "backward"): (0, 1), (1, "backward"): (0, 1)}
+    ax = plot_timeline(spans, "test")
+    widths = sorted(round(bar.get_width()) for bar in ax.patches)  # ms
+    assert widths == [1500, 2000, 2000, 2500, 4000]
+    plt.close(ax.figure)
+
+
+def counted_bytes():
+    group = dist.group.WORLD
+    batch = shard_batch(synthetic_tokens(8, CFG, seed=1), group)
+    return {v: count_step(v, GPT(CFG, seed=0), batch, lm_loss, group, CAP_MB).by_op()
+            for v in NAMES}
+
+
+def test_every_variant_sends_the_ring_all_reduce_bytes_of_the_gradients():
+    n_params = sum(p.numel() for p in GPT(CFG).parameters())  # the tied matrix once
+    expected = ring_all_reduce_bytes(n_params, world_size=4)
+    counted = dlcourse.launch(counted_bytes, world_size=4, backend="gloo")[0]
+    n_buckets = len(make_buckets(GPT(CFG), CAP_MB))
+    for variant, ops in counted.items():
+        calls, _, bus_bytes = ops["all_reduce"]
+        assert bus_bytes == expected, variant
+        assert calls == (len(list(GPT(CFG).parameters())) if variant == "naive" else n_buckets)
+    assert counted["torch DDP"]["broadcast"][1] == sum(b.nbytes for b in GPT(CFG).buffers())

@@ -9,8 +9,11 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from dlcourse.collectives import CommCounter
+from dlcourse.models import GPT, lm_loss
 from dlcourse.parallel.data import train_step
 from dlcourse.parallel.overlap import DataParallel
 
@@ -42,7 +45,7 @@ def time_variants(make_model, batch, loss_fn, group, variants=NAMES, rounds=5, s
 
     Runs on every rank. All variants are built first, then `rounds` rounds each give every
     variant `steps` steps, in an order that rotates each round, so a slow spell on a shared
-    machine hits them all alike. The first round is a warm-up and not counted.
+    machine hits them all alike. The first round (at least 2 steps each) is a warm-up.
     batch: this rank's (inputs, targets).
     """
     models = {v: wrap(v, make_model(), group, bucket_cap_mb) for v in variants}
@@ -51,9 +54,51 @@ def time_variants(make_model, batch, loss_fn, group, variants=NAMES, rounds=5, s
     for r in range(rounds + 1):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for v in order:
-            for _ in range(steps):
+            for _ in range(steps if r else max(steps, 2)):  # DDP rebuilds its buckets at step 2
                 start = time.perf_counter()
                 train_step(models[v], optimizers[v], [batch], loss_fn)
                 if r:  # round 0 warms up
                     times[v].append(time.perf_counter() - start)
     return {v: statistics.median(t) for v, t in times.items()}
+
+
+def count_step(variant, model, batch, loss_fn, group, bucket_cap_mb=25.0):
+    """The communication of one forward and backward of `model` wrapped as `variant`, recorded
+    on this rank by lesson 02's `CommCounter` (`.records`, `.bus_bytes()`, `.by_op()`).
+
+    Two uncounted steps come first: DDP puts everything up to 1 MiB in its first bucket and only
+    rebuilds its buckets to `bucket_cap_mb`, in the order the gradients arrived, in step 2.
+    """
+    model = wrap(variant, model, group, bucket_cap_mb)
+    x, y = batch
+    for _ in range(2):
+        loss_fn(model(x), y).backward()
+    model.zero_grad()
+    with CommCounter() as comm:
+        if variant == DDP:
+            comm.watch_ddp(model)  # DDP's buckets are reduced in C++: a comm hook reports them
+        loss_fn(model(x), y).backward()
+    return comm
+
+
+def ring_all_reduce_bytes(n_params, world_size, bytes_per_value=4):
+    """2Ψ(N-1)/N values: what a ring all-reduce of Ψ gradients sends from each rank (lesson 02)."""
+    return 2 * n_params * (world_size - 1) / world_size * bytes_per_value
+
+
+def train_tour_row(variant, cfg):
+    """`dlcourse tour`'s row for `variant`: cfg.steps AdamW steps of the course GPT on 4 ranks;
+    the bytes per step are counted apart, on a fresh replica (`count_step`), so that counting
+    does not slow the timed steps."""
+    from dlcourse import tour  # here, not at the top: tour.py imports this module for its ROWS
+
+    group = dist.group.WORLD
+    model = wrap(variant, GPT(cfg.model, seed=cfg.seed), group)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    batch = tour.this_ranks_shard(*cfg.data())
+    loss, step_time = tour.timed_steps(cfg, model, optimizer, *batch)
+    comm = count_step(variant, GPT(cfg.model, seed=cfg.seed), batch, lm_loss, group)
+    params = {k: v.detach().clone() for k, v in model.module.named_parameters()}
+    state_bytes = tour.held_bytes(model.module, optimizer)
+    return tour.RowResult(tour.mean_over_ranks(loss), params, state_bytes, round(comm.bus_bytes()),
+                          step_time)
