@@ -1,6 +1,6 @@
 """The course's ring all-reduce against torch's own all_reduce, side by side in one run (lesson 02).
 
-    python benchmarks/collectives.py [--world-size 4] [--repeats 15] [--backend gloo]
+    python benchmarks/collectives.py [--world-size 4] [--repeats 15]
 
 Both run on the same ranks, taking turns within each repeat, so load from elsewhere slows both
 alike; the ratio is the median over repeats of (course time / torch time) in the same repeat,
@@ -64,7 +64,8 @@ def _arguments():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "auto"])
+    # gloo only: `time_ops` times CPU tensors (nccl would need CUDA tensors and synchronizing).
+    parser.add_argument("--backend", default="gloo", choices=["gloo"])
     return parser.parse_args()
 
 
