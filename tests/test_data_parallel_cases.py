@@ -193,3 +193,45 @@ def test_every_variant_sends_the_ring_all_reduce_bytes_of_the_gradients():
         assert bus_bytes == expected, variant
         assert calls == (len(list(GPT(CFG).parameters())) if variant == "naive" else n_buckets)
     assert counted["torch DDP"]["broadcast"][1] == sum(b.nbytes for b in GPT(CFG).buffers())
+
+
+def checkpointed_gradients(use_reentrant, checkpoint_lm_head=False):
+    """Gradients of a GPT whose blocks recompute their forward in backward (lesson 01), wrapped
+    in DataParallel, beside one process's on the whole batch. checkpoint_lm_head: the output
+    layer too, whose weight is tied to the embedding used outside it."""
+    group = dist.group.WORLD
+    x, y = synthetic_tokens(8, CFG, seed=1)
+    whole = GPT(CFG, seed=0)
+    lm_loss(whole(x), y).backward()
+    model = GPT(CFG, seed=0)
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = Checkpointed(block, use_reentrant)
+    if checkpoint_lm_head:
+        model.lm_head = Checkpointed(model.lm_head, use_reentrant)
+    model = wrap("overlapped", model, group, bucket_cap_mb=CAP_MB)
+    xs, ys = shard_batch((x, y), group)
+    lm_loss(model(xs), ys).backward()
+    return max((p.grad - q.grad).abs().max().item()
+               for p, q in zip(model.module.parameters(), whole.parameters()))
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, inner, use_reentrant):
+        super().__init__()
+        self.inner, self.use_reentrant = inner, use_reentrant
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=self.use_reentrant)
+
+
+def test_activation_checkpointing_composes_with_data_parallel():
+    def every_kind():  # (use_reentrant, checkpoint_lm_head)
+        return [checkpointed_gradients(*kind) for kind in [(False, False), (True, False), (False, True)]]
+
+    for diff in dlcourse.launch(every_kind, world_size=2, backend="gloo")[0]:
+        assert diff <= 1e-7  # fp32 rounding of the gradients
+
+
+def test_a_tied_weight_finished_twice_by_a_reentrant_checkpoint_is_refused():
+    with pytest.raises(dlcourse.RankError, match="finished twice.*use_reentrant=False"):
+        dlcourse.launch(checkpointed_gradients, True, True, world_size=2, backend="gloo")

@@ -62,8 +62,10 @@ class DataParallel(nn.Module):
         self._record("compute", "forward", start, _now())
         if self._sync and self.find_unused_parameters:
             self._unused = set(self._bucket_of) - used_parameters(output)
-        if self._sync and self.timeline is not None and torch.is_tensor(output):
-            output.register_hook(self._on_backward_start)  # the first gradient of backward
+        if self._sync:
+            for t in _tensors(output):
+                if t.requires_grad:  # its gradient is the first thing backward computes
+                    t.register_hook(self._on_backward_start)
         return output
 
     @contextlib.contextmanager
@@ -85,15 +87,35 @@ class DataParallel(nn.Module):
         self._waiting = [len(b.params) for b in self.buckets]  # gradients each bucket awaits
         self._launched = []  # (bucket, Work) in launch order: bucket 0, 1, 2, ...
         self._unused = set()  # get no gradient this step (find_unused_parameters)
-        self._backward_start = None
+        self._backward_start = None  # when it started, for the timeline
+        self._finish_queued = False
+
+    def _on_backward_start(self, grad):
+        if self._sync:
+            self._backward_start = self._backward_start or _now()
+            self._queue_finish()
+
+    def _queue_finish(self):
+        """Once per backward: ask autograd to call `_finish_backward` when it is done. Queued
+        from the output's gradient if possible: a hook inside a reentrant checkpoint runs in a
+        nested backward, whose end is not the end of ours."""
+        if not self._finish_queued:
+            self._finish_queued = True
+            Variable._execution_engine.queue_callback(self._finish_backward)
+            for q in self._unused:
+                self._mark_ready(q)  # no gradient coming: it is ready now, as zeros
 
     def _on_gradient_ready(self, p):
         if not self._sync:
             return
-        if not self._ready:  # the first gradient of this backward pass
-            Variable._execution_engine.queue_callback(self._finish_backward)
-            for q in self._unused:
-                self._mark_ready(q)  # no gradient coming: it is ready now, as zeros
+        if p in self._ready:
+            raise RuntimeError(
+                "DataParallel: a parameter's gradient was finished twice in one backward pass, "
+                "after its bucket may have been sent. Reentrant activation checkpointing of a "
+                "part that shares weights with the rest does this: use "
+                "torch.utils.checkpoint.checkpoint(..., use_reentrant=False)."
+            )
+        self._queue_finish()  # in case the loss did not come from the output's gradient
         self._mark_ready(p)
 
     def _mark_ready(self, p):
@@ -148,9 +170,6 @@ class DataParallel(nn.Module):
         has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
         dist.all_reduce(has_grad, group=self.group)  # how many ranks have one
         return {p: bool(n) for p, n in zip(params, has_grad.tolist())}
-
-    def _on_backward_start(self, grad):
-        self._backward_start = _now()
 
     def _record(self, lane, name, start, end):
         if self.timeline is not None:
