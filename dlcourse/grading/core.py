@@ -15,11 +15,12 @@ A topic check in `dlcourse/grading/<topic>.py` looks like this:
 
 The API:
 - `run_on_ranks(fn, rank_args, exercise=, where=, hint=, forbid=(), why_forbidden="",
-  timeout=)` runs `fn(*rank_args[r])` on rank r of `len(rank_args)` gloo ranks and returns, in
-  rank order, `(value, args_after)`: what the rank returned and its arguments after the call (to
-  catch a function that changes its caller's tensors). A rank that raises, a function not
-  written yet (`NotImplementedError`), and a job still running after `timeout` seconds (a
-  deadlock) all become `CheckFailed`, named by `where` (the case) and followed by `hint`; no
+  hang_hint="", timeout=)` runs `fn(*rank_args[r])` on rank r of `len(rank_args)` gloo ranks
+  and returns, in rank order, `(value, args_after)`: what the rank returned and its arguments
+  after the call (to catch a function that changes its caller's tensors). A rank that raises,
+  a function not written yet (`NotImplementedError`), and a job still running after `timeout`
+  seconds (a deadlock) all become `CheckFailed`, named by `where` (the case) and followed by
+  `hint` (a deadlock by `hang_hint`: what makes this exercise's messages wait forever); no
   process is left behind (`dlcourse.launch` stops every rank).
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
@@ -70,10 +71,11 @@ class ForbiddenCall(RuntimeError):
 
 
 def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why_forbidden="",
-                 timeout=CHECK_TIMEOUT_S):
+                 hang_hint="", timeout=CHECK_TIMEOUT_S):
     """Run `fn(*rank_args[rank])` on every rank; return [(value, args_after)] in rank order.
 
-    `where` names the case in messages (default: the exercise); `hint` follows a rank's error.
+    `where` names the case in messages (default: the exercise); `hint` follows a rank's error,
+    `hang_hint` a deadlock's.
     """
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
     if not callable(fn):
@@ -91,6 +93,7 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
             f"(still running: ranks {', '.join(map(str, error.running))}), so it is most likely "
             "waiting forever: a collective that not every rank calls, or a recv with no matching "
             "send. Every rank must make the same collective calls in the same order."
+            + (f"\nHint: {hang_hint}" if hang_hint else "")
         ) from None
     except RankError as error:
         raise CheckFailed(_explain(exercise, where or exercise, hint, error)) from None
