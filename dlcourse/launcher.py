@@ -13,11 +13,10 @@ import linecache
 import multiprocessing as mp
 import os
 
-import cloudpickle
 import torch
 import torch.distributed as dist
 
-from dlcourse import backends, supervise, worker
+from dlcourse import backends, pickling, supervise, worker
 from dlcourse.backends import cpu_cores
 from dlcourse.errors import RankError, RankTimeout
 from dlcourse.scripts import check_main_guard
@@ -73,7 +72,7 @@ def _check_arguments(fn, world_size, backend, timeout):
 def _pickle_job(fn, args, kwargs):
     """Pickle by value, so functions and lambdas defined in a notebook cell reach the ranks."""
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        return pickling.dumps((fn, args, kwargs))
     except Exception as error:
         named = [("the function", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
         named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
@@ -86,7 +85,7 @@ def _pickle_job(fn, args, kwargs):
 
 def _picklable(value):
     try:
-        cloudpickle.dumps(value)
+        pickling.dumps(value)
         return True
     except Exception:
         return False
@@ -105,8 +104,10 @@ def _cell_sources():
 def _forkserver():
     ctx = mp.get_context("forkserver")
     # Imported once by the forkserver (started at the first launch); every rank is a fork of it,
-    # so it starts with torch already imported.
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "dlcourse.worker"])
+    # so it starts with these already imported. torch._dynamo is imported by the first optimizer
+    # or DDP a process builds: 1.2 s per rank, paid on every launch if not here.
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
+                                "torch.nn.parallel", "dlcourse.worker"])
     return ctx
 
 

@@ -13,9 +13,8 @@ import sys
 import time
 from collections import deque
 
-import cloudpickle
 
-from dlcourse import worker
+from dlcourse import pickling, worker
 from dlcourse.errors import RankError, RankTimeout
 
 GRACE_S = 0.5  # after the first failure, peers get this long to report what they saw
@@ -55,7 +54,7 @@ def run_ranks(ctx, jobs, timeout):
                 os.close(lifeline_w)  # releases the ranks: they leave the group and exit
                 lifeline_w = None
                 _drain(sel, EXIT_WAIT_S)
-                return [cloudpickle.loads(r.outcome[1]) for r in ranks]
+                return [pickling.loads(r.outcome[1]) for r in ranks]
             _kill(ranks)
             _drain(sel, DRAIN_S)
         raise _error(ranks, timeout)

@@ -15,7 +15,6 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 import dlcourse
@@ -96,16 +95,6 @@ def train_reference(cfg):
     loss, step_time = timed_steps(cfg, model, optimizer, x, y)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     return RowResult(loss, params, held_bytes(model, optimizer), 0, step_time)
-
-
-def train_torch_ddp(cfg):
-    model = GPT(cfg.model, seed=cfg.seed)
-    ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
-    x, y = this_ranks_shard(*cfg.data())
-    loss, step_time = timed_steps(cfg, ddp, optimizer, x, y)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    return RowResult(mean_over_ranks(loss), params, held_bytes(model, optimizer), None, step_time)
 
 
 ROWS = [

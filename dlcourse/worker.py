@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import reduction
 
-import cloudpickle
 import torch
 import torch.distributed as dist
+
+from dlcourse import pickling
 
 
 @dataclass
@@ -74,7 +75,7 @@ def main(job, output, results, lifeline):
     linecache.cache.update(job.sources)
     try:
         _join_process_group(job)
-        fn, args, kwargs = cloudpickle.loads(job.payload)
+        fn, args, kwargs = pickling.loads(job.payload)
         value = fn(*args, **kwargs)
     except BaseException as error:  # SystemExit and KeyboardInterrupt are failures too
         message = ("error", _describe(error, job.rank))
@@ -156,7 +157,7 @@ def _join_process_group(job):
 
 def _result(value, rank):
     try:
-        return ("ok", cloudpickle.dumps(value))
+        return ("ok", pickling.dumps(value))
     except Exception as error:
         summary = (
             f"TypeError: rank {rank} returned a {type(value).__name__}, which cannot be pickled "

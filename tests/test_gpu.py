@@ -1,6 +1,5 @@
 """The nccl and CUDA paths of the launcher. They need GPUs, so CI (CPU only) skips them."""
 
-import pytest
 import torch
 import torch.distributed as dist
 

@@ -254,3 +254,13 @@ def test_world_size_must_match_an_outer_torchrun(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="--nproc-per-node=4"):
         dlcourse.launch(rank_and_sum, 0, world_size=4)
+
+
+config = {"lr": 0.5}  # a notebook global named like the submodule torch.distributed.config
+
+
+def test_a_global_named_like_a_torch_submodule_travels():
+    def uses_config():
+        return dist.get_rank() * config["lr"]
+
+    assert dlcourse.launch(uses_config, world_size=2, backend="gloo") == [0.0, 0.5]

@@ -8,10 +8,9 @@ import sys
 import textwrap
 import time
 
-import pytest
 from jupyter_client.manager import start_new_kernel
 
-from conftest import pid_alive, run_python, wait_gone
+from conftest import run_python, wait_gone
 
 JOB = textwrap.dedent(
     """
@@ -37,7 +36,7 @@ def _script(tmp_path, body):
     return str(path)
 
 
-def _wait_for_pids(folder, n, seconds=30):
+def _wait_for_pids(folder, n, seconds=60):
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         files = [f for f in os.listdir(folder) if f.isdigit()]
