@@ -134,6 +134,23 @@ def rs_in_place_on_x(x):  # adds into views of x: right values, but the caller's
     return partial[rank].clone()
 
 
+def rs_through_rank_0(x):  # right values, but rank 0 sums everything: not a ring
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank != 0:
+        dist.send(x, 0)
+        mine = torch.empty_like(x.tensor_split(n)[rank])
+        dist.recv(mine, 0)
+        return mine
+    total = x.clone()
+    for peer in range(1, n):
+        received = torch.empty_like(x)
+        dist.recv(received, peer)
+        total += received
+    for peer in range(1, n):
+        dist.send(total.tensor_split(n)[peer].clone(), peer)
+    return total.tensor_split(n)[0].clone()
+
+
 def rs_with_torch(x):
     n = dist.get_world_size()
     chunks = list(x.tensor_split(n))
@@ -283,6 +300,18 @@ def ar_not_flattened(tensor):  # the exercise's functions on a matrix: rows, not
     tensor.copy_(ring_all_gather(ring_reduce_scatter(tensor), tensor.numel()))
 
 
+def ar_passes_whole_tensors(tensor):  # round the ring, but every step carries all of it
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = _ring(rank, n)
+    total, piece = tensor.clone(), tensor.clone()
+    for _ in range(n - 1):
+        incoming = torch.empty_like(piece)
+        _step(piece, incoming, right, left)
+        total += incoming
+        piece = incoming
+    tensor.copy_(total)
+
+
 def ar_with_torch(tensor):
     dist.all_reduce(tensor)
 
@@ -403,6 +432,8 @@ def test_torch_collectives_and_the_course_library_are_refused(check, wrong, says
                           "dist.batch_isend_irecv)")
 
 
+AR_EVEN = ("ring_all_reduce on 4 ranks, tensor: float32 tensor of shape (12,) in chunks of "
+           "3, 3, 3, 3: ")
 AG_EVEN = "ring_all_gather(chunk, numel=12) on 4 ranks, float32 chunks of 3, 3, 3, 3: "
 AG_UNEVEN = "ring_all_gather(chunk, numel=10) on 4 ranks, float64 chunks of 3, 3, 2, 2: "
 
@@ -424,9 +455,36 @@ def all_gather_with_exchange(chunk, numel):  # the lesson's one-step helper is s
     return out
 
 
-def test_point_to_point_helpers_of_the_library_are_allowed(capsys):
-    check_ring_all_gather(all_gather_with_exchange)
+def all_gather_the_other_way_round(chunk, numel):  # a ring too: send left, receive from right
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = _ring(rank, n)
+    out = torch.empty(numel, dtype=chunk.dtype)
+    chunks = out.tensor_split(n)
+    chunks[rank].copy_(chunk)
+    for k in range(n - 1):
+        _step(chunks[(rank + k) % n], chunks[(rank + k + 1) % n], left, right)
+    return out
+
+
+@pytest.mark.parametrize("solution", [all_gather_with_exchange, all_gather_the_other_way_round])
+def test_other_rings_pass_too(solution, capsys):
+    # The lesson's one-step helper is send/recv too; a ring may run in either direction.
+    check_ring_all_gather(solution)
     assert "ring_all_gather: passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check, wrong, says", [
+    (check_ring_reduce_scatter, rs_through_rank_0,
+     RS_EVEN + "rank 0 sent to ranks 1, 2 and 3 and received from ranks 1, 2 and 3, which is "
+               "not a ring"),
+    (check_ring_all_reduce, ar_passes_whole_tensors,
+     AR_EVEN + "rank 0 sent 144 bytes, more than a ring sends: 6 steps of one chunk, 72 bytes "
+               "at most"),
+])
+def test_right_values_that_did_not_go_round_a_ring_fail(check, wrong, says):
+    first, message = _first_line_and_hint(check, wrong)
+    assert first == says
+    assert "\nHint: " in message
 
 
 @pytest.mark.parametrize("wrong, says, hint", [
@@ -461,8 +519,6 @@ def test_all_gather_from_the_wrong_neighbour_hangs_and_says_so():
     assert "Hint: in a ring rank r sends only to (r + 1) % n and receives only from" in message
 
 
-AR_EVEN = ("ring_all_reduce on 4 ranks, tensor: float32 tensor of shape (12,) in chunks of "
-           "3, 3, 3, 3: ")
 
 
 def test_all_reduce_solution_passes(capsys):

@@ -6,9 +6,11 @@
     check_all_reduce_time(all_reduce_time)          the alpha-beta time of a ring all-reduce
 
 The ring checks run the student's function on 4, 3 and 2 real gloo ranks, on lengths that the
-world size does not divide (and shorter than it), in float32 and float64, from send/recv only,
-and compare every rank's result with torch's own collective on the same inputs (`rings.py` runs
-them). A wrong chunk is named with what it holds instead, and what that says about the ring.
+world size does not divide (and shorter than it), in float32 and float64, and compare every
+rank's result with torch's own collective on the same inputs. `rings.py` runs them and holds the
+student to a ring: send/recv only (torch's collectives and the course's own rings refused), to
+one neighbour and from the other, a chunk per step. A wrong chunk is named with what it holds
+instead, and what that says about the ring.
 
 The cost check calls the student's function in this process and compares it with the lesson's
 `predict_time("ring all_reduce", ...)`, which (with the table it reads) refuses to run meanwhile.
@@ -69,10 +71,10 @@ def check_ring_reduce_scatter(ring_reduce_scatter, timeout=CHECK_TIMEOUT_S):
         bounds = chunk_bounds(xs[0].numel(), n)
         where = (f"ring_reduce_scatter on {n} ranks, x: {describe(xs[0])} in chunks of "
                  f"{sizes(bounds)}")
-        cases.append(Case(n, [(x,) for x in xs], where, bounds))
+        cases.append(Case(n, [(x,) for x in xs], where, bounds, steps=n - 1))
     check_ring(ring_reduce_scatter, cases, exercise="ring_reduce_scatter",
-                reference=_torch_reduce_scatter, compare=_compare_reduce_scatter,
-                hint=REDUCE_SCATTER_HINT, timeout=timeout)
+               reference=_torch_reduce_scatter, compare=_compare_reduce_scatter,
+               hint=REDUCE_SCATTER_HINT, timeout=timeout)
 
 
 def _torch_reduce_scatter(x):
@@ -136,9 +138,9 @@ def check_ring_all_gather(ring_all_gather, timeout=CHECK_TIMEOUT_S):
         where = (f"ring_all_gather(chunk, numel={whole.numel()}) on {n} ranks, "
                  f"{str(dtype).removeprefix('torch.')} chunks of {sizes(bounds)}")
         rank_args = [(c.clone(), whole.numel()) for c in whole.tensor_split(n)]
-        cases.append(Case(n, rank_args, where, bounds))
+        cases.append(Case(n, rank_args, where, bounds, steps=n - 1))
     check_ring(ring_all_gather, cases, exercise="ring_all_gather", reference=_torch_all_gather,
-                compare=_compare_all_gather, hint=ALL_GATHER_HINT, timeout=timeout)
+               compare=_compare_all_gather, hint=ALL_GATHER_HINT, timeout=timeout)
 
 
 def _torch_all_gather(chunk, numel):
@@ -196,9 +198,9 @@ def check_ring_all_reduce(ring_all_reduce, timeout=CHECK_TIMEOUT_S):
         flat = ", flattened," if len(shape) > 1 else ""
         where = (f"ring_all_reduce on {n} ranks, tensor: {describe(xs[0])}{flat} in chunks of "
                  f"{sizes(bounds)}")
-        cases.append(Case(n, [(x,) for x in xs], where, bounds))
+        cases.append(Case(n, [(x,) for x in xs], where, bounds, steps=2 * (n - 1)))
     check_ring(ring_all_reduce, cases, exercise="ring_all_reduce", reference=_torch_all_reduce,
-                compare=_compare_all_reduce, hint=ALL_REDUCE_HINT, timeout=timeout)
+               compare=_compare_all_reduce, hint=ALL_REDUCE_HINT, timeout=timeout)
 
 
 def _torch_all_reduce(tensor):
@@ -217,9 +219,9 @@ def _compare_all_reduce(case, rank, returned, args_after, expected):
              "write the sum into the caller's tensor with tensor.copy_(...), as dist.all_reduce "
              "does; `tensor = ...` only rebinds a name inside your function")
     expect_chunks(after, expected, case, rank=rank, verb="left",
-                   chunk_of=in_flat(case.bounds, "the flattened tensor"),
-                   explain=lambda c: _explain_all_reduce(after, expected, case, rank, c),
-                   shape_hint=ALL_REDUCE_HINT)
+                  chunk_of=in_flat(case.bounds, "the flattened tensor"),
+                  explain=lambda c: _explain_all_reduce(after, expected, case, rank, c),
+                  shape_hint=ALL_REDUCE_HINT)
 
 
 def _explain_all_reduce(after, expected, case, rank, c):

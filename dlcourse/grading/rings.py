@@ -8,6 +8,9 @@ Send/recv only: while the student's function runs, torch's collectives raise (`f
 `core.run_on_ranks`), and a `CommCounter` records what it sends. The course's own
 `ring_all_reduce` is built from send/recv, so `forbid` alone would let it through; the counter
 sees it as one record, an all_reduce by "ring", and any record but a send or a recv fails.
+And a ring: the counter's sends and recvs must go one way round (to one neighbour, from the
+other) and carry no more than the ring's steps of one chunk each, so that a right answer reached
+through rank 0, or by passing whole tensors round, does not pass as a ring.
 
 Inputs are whole numbers, so that a sum is exact in any order and a wrong chunk can be recognised
 as a sum of some ranks' chunks (`sum_of`): a rank missing, a chunk off by one, a phase left out.
@@ -40,6 +43,8 @@ HANG_HINT = ("in a ring rank r sends only to (r + 1) % n and receives only from 
              "one message each per step. dist.send waits until its receiver calls recv, so if "
              "every rank sends first, every rank waits: start the send with dist.isend, then "
              "dist.recv, then wait on the send")
+RING_HINT = ("in a ring rank r sends only to rank (r + 1) % n and receives only from rank "
+             "(r - 1) % n (or all the other way round), one chunk per step")
 DTYPE_HINT = ("make every buffer with the input's dtype (torch.empty_like, or dtype=x.dtype): "
               "torch.empty(n) alone is float32")
 
@@ -49,9 +54,15 @@ class Case:
     """One input the student never saw: what each rank gets, and how messages name it."""
 
     world_size: int
-    rank_args: list  # rank_args[r]: the arguments of rank r's call
+    rank_args: list  # rank_args[r]: the arguments of rank r's call; the first is the tensor
     where: str  # the case, as messages name it
     bounds: list  # (start, stop) of chunk c in the flattened tensor
+    steps: int  # steps of the ring: n - 1 for one phase, 2(n - 1) for an all-reduce
+
+    def most_bytes(self):
+        """What a rank of the ring sends at most: one chunk, of the longest size, per step."""
+        longest = max(stop - start for start, stop in self.bounds)
+        return self.steps * longest * self.rank_args[0][0].element_size()
 
 
 def whole_numbers(shape, dtype, seed):
@@ -90,16 +101,18 @@ def check_ring(fn, cases, *, exercise, reference, compare, hint, timeout=CHECK_T
         if case.world_size not in expected:
             expected[case.world_size] = iter(_torch_results(reference, cases, case.world_size))
         want = next(expected[case.world_size])
-        for rank, (value, args_after) in enumerate(outcomes):
+        for rank, ((value, messages), args_after) in enumerate(outcomes):
+            _expect_a_ring(case, rank, messages)
             compare(case, rank, value, args_after, want[rank])
     ranks = sorted({case.world_size for case in cases}, reverse=True)
     print(f"{exercise}: passed on {len(cases)} cases ({', '.join(map(str, ranks))} ranks; "
-          "uneven, empty and even chunks; float32 and float64), equal to torch's, from "
-          "send/recv only")
+          "uneven, empty and even chunks; float32 and float64), equal to torch's, as a ring of "
+          "sends and recvs")
 
 
 def _sends_and_recvs_only(fn, *args):
-    """Runs in every rank: fn(*args) under a CommCounter; any record but send/recv is refused."""
+    """Runs in every rank: fn(*args) under a CommCounter; any record but send/recv is refused.
+    Returns (fn's value, [(op, peer, nbytes)] of its sends and recvs)."""
     with CommCounter() as comm:
         value = fn(*args)
     for record in comm.records:
@@ -108,7 +121,30 @@ def _sends_and_recvs_only(fn, *args):
                      if record.algorithm else f"torch's {record.op}")
             raise ForbiddenCall(f"used {whose}, which this exercise does not allow: "
                                 f"{WHY_SEND_RECV}")
-    return value
+    return value, [(r.op, r.peer, r.nbytes) for r in comm.records if r.op in ("send", "recv")]
+
+
+def _expect_a_ring(case, rank, messages):
+    """Fail unless this rank's messages went one way round the ring, a chunk per step at most."""
+    __tracebackhide__ = True
+    n = case.world_size
+    right, left = (rank + 1) % n, (rank - 1) % n
+    to = {peer for op, peer, _ in messages if op == "send"}
+    source = {peer for op, peer, _ in messages if op == "recv"}
+    if not (to <= {right} and source <= {left}) and not (to <= {left} and source <= {right}):
+        fail(case.where, rank, f"sent to {_peers(to)} and received from {_peers(source)}, which "
+                               "is not a ring", RING_HINT)
+    sent, most = sum(nbytes for op, _, nbytes in messages if op == "send"), case.most_bytes()
+    if sent > most:
+        fail(case.where, rank, f"sent {sent} bytes, more than a ring sends: {case.steps} steps "
+                               f"of one chunk, {most} bytes at most",
+             "each step carries one chunk of about S/n bytes, not the whole tensor")
+
+
+def _peers(peers):
+    if None in peers:  # dist.recv(tensor) without src takes a message from any rank
+        return "any rank (recv without src)"
+    return f"rank {join(sorted(peers))}" if len(peers) == 1 else f"ranks {join(sorted(peers))}"
 
 
 def _torch_results(reference, cases, world_size):
