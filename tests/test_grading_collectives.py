@@ -312,6 +312,11 @@ def ar_passes_whole_tensors(tensor):  # round the ring, but every step carries a
     tensor.copy_(total)
 
 
+def ar_averages(tensor):  # data parallel's mean, where all_reduce sums
+    ring_all_reduce(tensor)
+    tensor /= dist.get_world_size()
+
+
 def ar_with_torch(tensor):
     dist.all_reduce(tensor)
 
@@ -353,6 +358,10 @@ def time_one_alpha(nbytes, world_size, alpha, beta):  # latency paid once, as fo
 def time_naive(nbytes, world_size, alpha, beta):  # the root's link of the naive all-reduce
     n = world_size
     return 2 * (n - 1) * alpha + 2 * (n - 1) * nbytes * beta
+
+
+def time_in_milliseconds(nbytes, world_size, alpha, beta):
+    return 1000 * all_reduce_time(nbytes, world_size, alpha, beta)
 
 
 def time_with_the_library(nbytes, world_size, alpha, beta):
@@ -540,6 +549,8 @@ def test_all_reduce_solution_passes(capsys):
     (ar_assumes_even, "ring_all_reduce on 4 ranks, tensor: float64 tensor of shape (10,) in "
                       "chunks of 3, 3, 2, 2: rank 0 left wrong values in chunk 3 (elements 8 to 9",
      "only the last 2 elements are wrong, the numel % n that chunks of numel // n = 2 leave out"),
+    (ar_averages, AR_EVEN + "rank 0 left wrong values in chunk 0", "that is the mean over the "
+                                                                    "ranks, not the sum"),
     (ar_not_flattened, "ring_all_reduce on 4 ranks, tensor: float64 tensor of shape (2, 5), "
                        "flattened, in chunks of 3, 3, 2, 2: rank ",  # then "N raised RuntimeError"
      "on the flattened tensor (tensor.view(-1))"),
@@ -570,6 +581,7 @@ def test_all_reduce_time_solution_passes(capsys):
     (time_one_alpha, "0.00324573", "Your alpha term counts 1 message step, a ring all-reduce "
                                    "makes 2(n - 1) = 6: every step is a message"),
     (time_naive, "0.0131829", "6 x S bytes through a rank's link"),
+    (time_in_milliseconds, "3.74573", "that is the right time in milliseconds: return seconds"),
 ])
 def test_all_reduce_time_rejects_wrong_formulas_naming_the_wrong_term(wrong, got, hint):
     first, message = _first_line_and_hint(check_all_reduce_time, wrong)

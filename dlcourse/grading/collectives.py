@@ -231,6 +231,9 @@ def _explain_all_reduce(after, expected, case, rank, c):
         return (f"only the last {numel % n} elements are wrong, the numel % n that chunks of "
                 f"numel // n = {numel // n} leave out; tensor_split(n) makes the first "
                 f"numel % n chunks one element longer. {ALL_REDUCE_HINT}")
+    if torch.allclose(after * n, expected, rtol=1e-6):  # a mean has fractions: not exact
+        return ("that is the mean over the ranks, not the sum: dist.all_reduce sums by default "
+                "(ReduceOp.SUM); data parallel divides by n itself (lesson 03)")
     inputs = [args[0] for args in case.rank_args]
     start, stop = case.bounds[c]
     found = sum_of(after.reshape(-1)[start:stop], inputs, case.bounds, first=c)
@@ -285,7 +288,8 @@ def check_all_reduce_time(all_reduce_time):
                  "return a plain float" + (" (float(t))" if isinstance(got, torch.Tensor) else ""))
         if not math.isclose(got, expected, rel_tol=TIME_RTOL):
             fail(where, None, f"returned {got:.6g} s, the alpha-beta model of a ring all-reduce "
-                              f"gives {expected:.6g} s", _time_hint(all_reduce_time, nbytes, n))
+                              f"gives {expected:.6g} s",
+                 _time_hint(all_reduce_time, got, expected, nbytes, n))
     print(f"all_reduce_time: passed on {len(TIME_CASES)} cases (4 to 1000 ranks, 4 KB to 1 GB), "
           "equal to the alpha-beta model")
 
@@ -340,9 +344,12 @@ def _refused(fn):
             ns[name] = original
 
 
-def _time_hint(fn, nbytes, n):
+def _time_hint(fn, got, expected, nbytes, n):
     """Take the student's formula apart: with alpha = 1 s and beta = 0 it returns its number of
     steps, with alpha = 0 and beta = 1 s per byte its bytes. Say which term is off, and how."""
+    for unit, per_second in (("milliseconds", 1e3), ("microseconds", 1e6)):
+        if math.isclose(got, expected * per_second, rel_tol=TIME_RTOL):
+            return f"that is the right time in {unit}: return seconds, as alpha is given"
     steps, moved = _quietly(fn, (nbytes, n, 1.0, 0.0)), _quietly(fn, (nbytes, n, 0.0, 1.0))
     notes = []
     if steps is not None and not math.isclose(steps, 2 * (n - 1), rel_tol=TIME_RTOL):
