@@ -31,8 +31,10 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
 
     backend: "gloo" (CPU), "nccl" (one GPU per rank) or "auto" (nccl when there is a GPU for
     every rank, else gloo; one line says which and why).
-    timeout: seconds the whole job may take. A rank that raises or crashes stops every rank and
-    raises `RankError`; a job still running at the deadline raises `RankTimeout`.
+    timeout: seconds the job may run once its ranks have started (not counting the forkserver
+    that the first launch in a process starts, which imports torch). A rank that raises or
+    crashes stops every rank and raises `RankError`; a job still running at the deadline raises
+    `RankTimeout`.
 
     Inside a rank that is already launched (torchrun, or a rank of this launcher) `fn` runs in the
     current process under the existing process group and `[result]` is returned.

@@ -38,13 +38,17 @@ class Rank:
 
 
 def run_ranks(ctx, jobs, timeout):
-    """Run every `worker.RankJob` in its own process; return the values in rank order."""
-    deadline = time.monotonic() + timeout
+    """Run every `worker.RankJob` in its own process; return the values in rank order.
+
+    `timeout` counts from when every rank has started: the first launch in a process also waits
+    for the forkserver to import torch, which is not the job's time.
+    """
     lifeline_r, lifeline_w = os.pipe()  # ranks exit when this write end closes
     ranks = []
     try:
         for job in jobs:
             ranks.append(_start(ctx, job, lifeline_r))
+        deadline = time.monotonic() + timeout
         os.close(lifeline_r)
         lifeline_r = None
         with selectors.DefaultSelector() as sel:

@@ -187,3 +187,16 @@ def test_a_rank_traceback_shows_the_notebook_cell_line():
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_the_first_launchs_start_up_does_not_count_against_its_timeout(tmp_path):
+    # Starting the forkserver (it imports torch) takes over a second; the job itself, far less.
+    path = _script(tmp_path, """
+        if __name__ == "__main__":
+            start = time.monotonic()
+            out = dlcourse.launch(lambda: dist.get_rank(), world_size=2, backend="gloo", timeout=0.5)
+            print("result", out, "start-up longer than the timeout:", time.monotonic() - start > 0.5)
+    """)
+    done = run_python(path)
+    assert done.returncode == 0, done.stderr
+    assert "result [0, 1] start-up longer than the timeout: True" in done.stdout
