@@ -238,14 +238,14 @@ def test_data_parallel_step_solutions_pass(step, capsys):
 
 
 @pytest.mark.parametrize("step, says, hint", [
-    (step_summed, STEP_4 + "rank 0 after step 1: parameter 0.weight element",
+    (step_summed, STEP_4 + "rank 0 after step 1: parameter 4.bias element",
      "your step is 4 times the whole batch's: the all-reduce sums the ranks' gradients; divide "
      "by the world size"),
-    (step_local_average, STEP_3 + "rank 0 after step 1: parameter tok_emb.weight element",
+    (step_local_average, STEP_3 + "rank 0 after step 1: parameter blocks.0.attn.proj.bias",
      "your step weighs the 3 ranks equally, but they hold 1, 4, 2 of the 7 samples"),
-    (step_assumes_equal_shards, STEP_3 + "rank 0 after step 1: parameter tok_emb.weight element",
+    (step_assumes_equal_shards, STEP_3 + "rank 0 after step 1: parameter blocks.0.attn.proj.bias",
      "with N from an all-reduce of the ranks' len(x), not a count assumed equal"),
-    (step_divides_twice, STEP_4 + "rank 0 after step 1: parameter 0.weight",
+    (step_divides_twice, STEP_4 + "rank 0 after step 1: parameter 4.bias",
      "your step is 1/4 of the whole batch's: with each loss weighted by n_r / N the all-reduced "
      "sum is already the whole batch's gradient"),
     (step_averages_parameters,
@@ -254,7 +254,7 @@ def test_data_parallel_step_solutions_pass(step, capsys):
      "average the gradients (p.grad) between loss.backward() and optimizer.step()"),
     (step_averages_parameters_flat,
      "data_parallel_step on 2 ranks, MLP, 4 samples in shards of 2, 2, AdamW: rank 0 after step "
-     "1: parameter 0.weight element",
+     "1: parameter 4.bias element [0] is 0, one process on the whole batch has 0.001",
      "the SGD cases passed but AdamW's did not. AdamW's step is not linear in the gradient"),
     (step_without_zero_grad, STEP_4 + "rank 0 after step 2: parameter",
      "step 2 also used step 1's gradient, still in p.grad: clear the gradients at the start of "
