@@ -36,15 +36,25 @@ class TourConfig:
     steps: int = 5  # optimizer steps
     lr: float = 1e-3  # AdamW learning rate
     seed: int = 0  # weights; the data uses seed + 1
+    cuda: bool = False  # rows on nccl: each rank (and the reference) on its own current GPU
+
+    def device(self):
+        return torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
+
+    def new_model(self):
+        """The course GPT as every row starts it: same seed, on this process's device."""
+        return GPT(self.model, seed=self.seed).to(self.device())
 
     def data(self):
-        return synthetic_tokens(self.global_batch, self.model, seed=self.seed + 1)
+        """The global batch (inputs, targets), each (global_batch, seq_len), on the device."""
+        x, y = synthetic_tokens(self.global_batch, self.model, seed=self.seed + 1)
+        return x.to(self.device()), y.to(self.device())
 
 
 @dataclass
 class RowResult:
     loss: float  # loss of the last step
-    params: dict  # name -> full parameter tensor after training (CPU), for the comparison
+    params: dict  # name -> full parameter tensor after training (on CPU), for the comparison
     state_bytes: int  # parameters + gradients + optimizer state held by this rank
     comm_bytes: int | None  # bytes this rank's collectives moved per step; None if not counted
     step_time: float  # median seconds per step
@@ -71,8 +81,15 @@ def timed_steps(cfg, model, optimizer, x, y):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if cfg.cuda:
+            torch.cuda.synchronize()  # GPU work is asynchronous: wait for it before reading the clock
         times.append(time.perf_counter() - start)
     return loss.item(), statistics.median(times)
+
+
+def cpu_params(model):
+    """name -> a CPU copy of each parameter, for comparing with the reference."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.named_parameters()}
 
 
 def this_ranks_shard(x, y):
@@ -82,19 +99,17 @@ def this_ranks_shard(x, y):
     return x[start : start + n], y[start : start + n]
 
 
-def mean_over_ranks(value):
-    t = torch.tensor([float(value)])
+def mean_over_ranks(value, cfg):
+    t = torch.tensor([float(value)], device=cfg.device())
     dist.all_reduce(t)
     return t.item() / dist.get_world_size()
 
 
 def train_reference(cfg):
-    model = GPT(cfg.model, seed=cfg.seed)
+    model = cfg.new_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    x, y = cfg.data()
-    loss, step_time = timed_steps(cfg, model, optimizer, x, y)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    return RowResult(loss, params, held_bytes(model, optimizer), 0, step_time)
+    loss, step_time = timed_steps(cfg, model, optimizer, *cfg.data())
+    return RowResult(loss, cpu_params(model), held_bytes(model, optimizer), 0, step_time)
 
 
 ROWS = [
@@ -108,11 +123,11 @@ ROWS = [
 
 def run(world_size=4, steps=5, backend="auto", rows=None, out=print):
     """Run every row; print the table with `out` and return it as a list of dicts."""
-    cfg = TourConfig(steps=steps)
+    backend, why = backends.choose(backend, world_size)
+    cfg = TourConfig(steps=steps, cuda=backend == "nccl")
     if cfg.global_batch % world_size:
         raise ValueError(f"--world-size {world_size} does not divide the global batch of "
                          f"{cfg.global_batch} sequences; use 1, 2, 4, 8 or 16 ranks")
-    backend, why = backends.choose(backend, world_size)
     out(f"dlcourse tour: GPT of {count_params(cfg.model):,} parameters, {steps} AdamW steps, global batch "
         f"{cfg.global_batch}; {world_size} ranks on {backend}" + (f" ({why})" if why else ""))
     table, reference = [], None

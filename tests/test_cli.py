@@ -38,14 +38,12 @@ def test_tour_prints_every_row_matching_the_reference():
 
 def _train_without_averaging(cfg):
     """A plausible bug: each rank trains on its shard and never all-reduces its gradients."""
-    from dlcourse.models import GPT
-
-    model = GPT(cfg.model, seed=cfg.seed)
+    model = cfg.new_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     x, y = tour.this_ranks_shard(*cfg.data())
     loss, step_time = tour.timed_steps(cfg, model, optimizer, x, y)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    return tour.RowResult(loss, params, tour.held_bytes(model, optimizer), None, step_time)
+    return tour.RowResult(loss, tour.cpu_params(model), tour.held_bytes(model, optimizer), None,
+                          step_time)
 
 
 def test_tour_flags_a_strategy_that_does_not_match():

@@ -33,3 +33,12 @@ def test_auto_falls_back_to_gloo_with_more_ranks_than_gpus(capsys):
     out = dlcourse.launch(lambda: dist.get_backend(), world_size=n)
     assert out == ["gloo"] * n
     assert f"{n - 1} GPU(s) for {n} ranks: nccl needs one per rank" in capsys.readouterr().out
+
+
+@needs_gpu
+def test_the_tour_runs_on_gpus_and_matches_the_reference():
+    from dlcourse import tour
+
+    n = min(torch.cuda.device_count(), 2)
+    table = tour.run(world_size=n, steps=2, backend="nccl", out=lambda *_: None)
+    assert all(row["matches"] for row in table), table

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dlcourse.collectives import CommCounter
-from dlcourse.models import GPT, lm_loss
+from dlcourse.models import lm_loss
 from dlcourse.parallel.data import train_step
 from dlcourse.parallel.overlap import DataParallel
 
@@ -93,12 +93,11 @@ def train_tour_row(variant, cfg):
     from dlcourse import tour  # here, not at the top: tour.py imports this module for its ROWS
 
     group = dist.group.WORLD
-    model = wrap(variant, GPT(cfg.model, seed=cfg.seed), group)
+    model = wrap(variant, cfg.new_model(), group)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     batch = tour.this_ranks_shard(*cfg.data())
     loss, step_time = tour.timed_steps(cfg, model, optimizer, *batch)
-    comm = count_step(variant, GPT(cfg.model, seed=cfg.seed), batch, lm_loss, group)
-    params = {k: v.detach().clone() for k, v in model.module.named_parameters()}
+    comm = count_step(variant, cfg.new_model(), batch, lm_loss, group)
     state_bytes = tour.held_bytes(model.module, optimizer)
-    return tour.RowResult(tour.mean_over_ranks(loss), params, state_bytes, round(comm.bus_bytes()),
-                          step_time)
+    return tour.RowResult(tour.mean_over_ranks(loss, cfg), tour.cpu_params(model.module),
+                          state_bytes, round(comm.bus_bytes()), step_time)
