@@ -11,7 +11,8 @@ The contract, for every exercise set (lesson NN, topic `topic`):
   check, e.g. `check_gather_all(gather_all)`, that raises when the student's function is wrong.
 - Checks live in `dlcourse/grading/<topic>.py` and build on `core.py` (run on real ranks,
   compare with an independent reference, forbid collectives, messages a student can act on).
-  Lesson 00's are in `launch.py`.
+  Lesson 00's are in `launch.py`, lesson 01's in `memory.py`, lesson 02's in `collectives.py`
+  (with `rings.py`), lesson 03's in `data_parallel.py` (with `buckets.py` and `replicas.py`).
 - `dlcourse grade PATH... [--against EXERCISE_NOTEBOOK] [--csv FILE]` runs each notebook under
   nbval (`nbrun.py`, with the `nbresults.py` pytest plugin), puts back the released grader
   cells (`--against`), and turns grader cells into points (`grade.py`), a table and a

@@ -41,12 +41,12 @@ The API:
 
 import contextlib
 
-import cloudpickle
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import dlcourse
+from dlcourse import pickling
 from dlcourse.errors import RankError, RankTimeout
 
 # A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
@@ -82,7 +82,7 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
         raise CheckFailed(f"the check for {exercise} needs your function itself (its name, "
                           f"without parentheses), not {_kind(fn)}")
     world_size = len(rank_args)
-    payload = cloudpickle.dumps(fn)  # unpickled in the rank only once the guard is in place
+    payload = pickling.dumps(fn)  # unpickled in the rank only once the guard is in place
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
         return dlcourse.launch(_in_rank, payload, rank_args, tuple(forbid), why_forbidden,
@@ -119,7 +119,7 @@ def _in_rank(payload, rank_args, forbid, why_forbidden):
     """Runs in every rank: guard the forbidden functions, then load and call the student's."""
     args = rank_args[dist.get_rank()]
     with _forbidden(forbid, why_forbidden):
-        fn = cloudpickle.loads(payload)
+        fn = pickling.loads(payload)
         value = fn(*args)
     return value, args
 

@@ -13,7 +13,7 @@ temporary buffers, the CUDA context and allocator fragmentation, so leave some h
 
 from dataclasses import dataclass
 
-from dlcourse.memory.accounting import MemoryParts, activation_bytes, model_state_bytes
+from dlcourse.memory.accounting import activation_bytes, model_state_bytes
 
 
 @dataclass(frozen=True)

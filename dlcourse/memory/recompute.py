@@ -12,7 +12,6 @@ projection) is not run again. torchtitan's `apply_ac` and torch's
 `apply_activation_checkpointing` wrap blocks the same way.
 """
 
-import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode

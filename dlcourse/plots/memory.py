@@ -3,7 +3,6 @@ which cards a model fits. Pure functions of `MemoryParts` and `StepMemory` value
 
 import matplotlib.pyplot as plt
 
-from dlcourse.memory.accounting import MemoryParts
 
 PARTS = {  # part -> (label, colour); the order is the stacking order, bottom first
     "params": ("parameters", "#4c72b0"),
