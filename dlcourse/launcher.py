@@ -48,10 +48,11 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
     if why:
         print(f"dlcourse.launch: {world_size} ranks on {backend} ({why})")
     threads = max(1, cpu_cores() // world_size)
+    sources = _cell_sources()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     jobs = [
         worker.RankJob(rank, world_size, backend, threads, store.port, timeout + 30.0, payload,
-                       _cell_sources())
+                       sources)
         for rank in range(world_size)
     ]
     try:
