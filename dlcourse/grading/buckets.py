@@ -21,10 +21,10 @@ import torch.distributed as dist
 import dlcourse.parallel.buckets as library
 from dlcourse import pickling
 from dlcourse.grading.core import (
-    CHECK_TIMEOUT_S, CheckFailed, ForbiddenCall, describe, fail, run_on_ranks,
+    CHECK_TIMEOUT_S, CheckFailed, ForbiddenCall, describe, expect_callable, fail, run_on_ranks,
 )
 from dlcourse.grading.replicas import (
-    LIBRARY, TOLERANCE, Watch, batch, build, count, expect_callable, expect_gradients_reduced,
+    LIBRARY, TOLERANCE, Watch, batch, build, count, expect_gradients_reduced,
     gradient_at, gradients, kind, loss_of, refusing, shards, snapshot, worst_element,
 )
 

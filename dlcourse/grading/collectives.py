@@ -26,7 +26,8 @@ import torch.distributed as dist
 import dlcourse.collectives
 from dlcourse.collectives import cost
 from dlcourse.grading.core import (
-    CHECK_TIMEOUT_S, CheckFailed, ForbiddenCall, describe, expect_unchanged, fail,
+    CHECK_TIMEOUT_S, ForbiddenCall, call_in_process, describe, expect_unchanged,
+    fail, refusal, replaced,
 )
 from dlcourse.grading.rings import (
     Case, check_ring, chunk_bounds, expect_chunks, holds, in_flat, join, sizes, sum_of,
@@ -297,21 +298,7 @@ def check_all_reduce_time(all_reduce_time):
 def _answer(fn, args, where):
     """fn(*args) with the lesson's answer refused; any error becomes a CheckFailed."""
     __tracebackhide__ = True
-    if not callable(fn):
-        raise CheckFailed(f"the check for all_reduce_time needs your function itself (its name, "
-                          f"without parentheses), not a {type(fn).__name__}")
-    try:
-        with _refused(fn):
-            return fn(*args)
-    except ForbiddenCall as error:
-        raise CheckFailed(f"{where}: {error}") from None
-    except NotImplementedError as error:
-        if error.args and not str(error).startswith("Hint:"):  # not the stub: the student's bug
-            raise CheckFailed(f"{where}: raised NotImplementedError: {error}") from error
-        raise CheckFailed(f"all_reduce_time is not written yet: replace its `raise "
-                          f"NotImplementedError` line with your code. {error}".rstrip()) from None
-    except Exception as error:
-        raise CheckFailed(f"{where}: raised {type(error).__name__}: {error}") from error
+    return call_in_process(fn, args, exercise="all_reduce_time", where=where, guard=_refused(fn))
 
 
 class _RefusedTable:
@@ -325,23 +312,16 @@ class _RefusedTable:
 @contextlib.contextmanager
 def _refused(fn):
     """predict_time (under every name bound to it) and the ALGORITHMS rows raise; then undo."""
-    def refuse(*args, **kwargs):
-        raise ForbiddenCall("called dlcourse.collectives.predict_time, which this exercise does "
-                            "not allow: it is the answer; work out the steps and bytes yourself")
-
-    original = cost.predict_time
     spaces = [vars(cost), vars(dlcourse.collectives), getattr(fn, "__globals__", {})]
-    bound = [(ns, name) for ns in spaces for name, value in list(ns.items()) if value is original]
+    stand_in = refusal("dlcourse.collectives.predict_time",
+                       "it is the answer; work out the steps and bytes yourself")
     rows = dict(cost.ALGORITHMS)  # the same dict object everywhere: swap its rows in place
-    for ns, name in bound:
-        ns[name] = refuse
     cost.ALGORITHMS.update({name: _RefusedTable() for name in rows})
     try:
-        yield
+        with replaced(spaces, [(cost.predict_time, stand_in)]):
+            yield
     finally:
         cost.ALGORITHMS.update(rows)
-        for ns, name in bound:
-            ns[name] = original
 
 
 def _time_hint(fn, got, expected, nbytes, n):

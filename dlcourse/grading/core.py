@@ -37,6 +37,11 @@ The API:
   hint)` for anything else. All raise `CheckFailed`, an `AssertionError`, so a grader cell fails
   and nbval records it; its first line is what the gradebook shows.
 - `random_tensor(shape, dtype, seed)` and `describe(tensor)` for inputs and messages.
+- For exercises that are formulas, not ranks: `call_in_process(fn, args, exercise=, where=,
+  guard=)` runs the student's function here and turns what it raises into `CheckFailed`;
+  `replaced(namespaces, [(original, stand_in)])` with `refusal(what, why)` as the stand-in makes
+  a library function that holds the answer raise while the student's function runs.
+- `expect_callable(fn, exercise)`: the grader cell got the function itself, not its result.
 """
 
 import contextlib
@@ -143,6 +148,64 @@ def _guard(name, why):
         raise ForbiddenCall(f"called dist.{name}, which this exercise does not allow: {why}")
 
     return forbidden
+
+
+def expect_callable(fn, exercise):
+    """Fail unless the grader cell was given the student's function itself."""
+    __tracebackhide__ = True
+    if not callable(fn):
+        raise CheckFailed(f"the check for {exercise} needs your function itself (its name, "
+                          f"without parentheses), not a {type(fn).__name__}")
+
+
+def call_in_process(fn, args, *, exercise, where, guard=None):
+    """fn(*args) in the notebook's own process, for exercises that are formulas rather than
+    ranks; `guard` (a context manager, e.g. `replaced(...)`) is active while it runs. What the
+    student's function raises becomes a CheckFailed that names the case."""
+    __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
+    expect_callable(fn, exercise)
+    try:
+        with guard or contextlib.nullcontext():
+            return fn(*args)
+    except ForbiddenCall as error:
+        raise CheckFailed(f"{where}: {error}") from None
+    except NotImplementedError as error:
+        if error.args and not str(error).startswith("Hint:"):  # torch's own: the student's bug
+            raise CheckFailed(f"{where}: raised NotImplementedError: {error}") from error
+        raise CheckFailed(f"{exercise} is not written yet: replace its `raise "
+                          f"NotImplementedError` line with your code. {error}".rstrip()) from None
+    except Exception as error:  # the student's bug: show it, and their traceback under it
+        raise CheckFailed(f"{where}: raised {type(error).__name__}: {error}") from error
+
+
+@contextlib.contextmanager
+def replaced(namespaces, replacements):
+    """While the block runs, every name in `namespaces` (module dicts, a student's globals)
+    bound to one of the `replacements` keys is bound to its value instead; then all is put back.
+
+    replacements: [(original object, stand-in)], matched by identity, so a student's
+    `from dlcourse.memory import count_params` finds the stand-in under the name it imported.
+    """
+    stand_ins = {id(original): stand_in for original, stand_in in replacements}
+    saved = [(ns, key, value) for ns in namespaces for key, value in list(ns.items())
+             if id(value) in stand_ins]
+    for ns, key, value in saved:
+        ns[key] = stand_ins[id(value)]
+    try:
+        yield
+    finally:
+        for ns, key, value in saved:
+            ns[key] = value
+
+
+def refusal(what, why, verb="called"):
+    """A stand-in that raises ForbiddenCall: '<verb> <what>, which this exercise does not
+    allow: <why>'."""
+
+    def refuse(*args, **kwargs):
+        raise ForbiddenCall(f"{verb} {what}, which this exercise does not allow: {why}")
+
+    return refuse
 
 
 def fail(where, rank, problem, hint=""):

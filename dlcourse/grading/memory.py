@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 
 import dlcourse.memory
-from dlcourse.grading.core import CheckFailed, ForbiddenCall, fail
+from dlcourse.grading.core import call_in_process, fail, refusal, replaced
 from dlcourse.memory import (MemoryParts, SavedTensorLog, count_params, estimate_gpt_step,
                              gpt_saved_tensors, measure_step, model_state_bytes, param_shapes)
 from dlcourse.models import GPT, GPTConfig, MLPBlock
@@ -37,27 +37,9 @@ from dlcourse.models import GPT, GPTConfig, MLPBlock
 def _answer(fn, args, *, exercise, where, forbidden=(), why=""):
     """fn(*args), with building a module and each of `forbidden` refused while it runs; any
     error it raises becomes a CheckFailed that names the case."""
-    __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
-    if not callable(fn):
-        raise CheckFailed(f"the check for {exercise} needs your function itself (its name, "
-                          f"without parentheses), not a {type(fn).__name__}")
-    try:
-        with _refused(fn, forbidden, why):
-            return fn(*args)
-    except ForbiddenCall as error:
-        raise CheckFailed(f"{where}: {error}") from None
-    except NotImplementedError as error:
-        if not _is_stub(error):  # torch's own NotImplementedError: the student's bug, below
-            raise CheckFailed(f"{where}: raised NotImplementedError: {error}") from error
-        raise CheckFailed(f"{exercise} is not written yet: replace its `raise "
-                          f"NotImplementedError` line with your code. {error}".rstrip()) from None
-    except Exception as error:  # the student's bug: show it, and their traceback under it
-        raise CheckFailed(f"{where}: raised {type(error).__name__}: {error}") from error
-
-
-def _is_stub(error):
-    """The stub `dlcourse exercises build` writes raises NotImplementedError("Hint: ...")."""
-    return not error.args or str(error).startswith("Hint:")
+    __tracebackhide__ = True
+    return call_in_process(fn, args, exercise=exercise, where=where,
+                           guard=_refused(fn, forbidden, why))
 
 
 @contextlib.contextmanager
@@ -66,28 +48,17 @@ def _refused(fn, forbidden, why):
     module, in `dlcourse.memory`, in the student's globals) raise ForbiddenCall; then undo it."""
     homes = [vars(sys.modules[f.__module__]) for f in forbidden]
     homes += [vars(dlcourse.memory), getattr(fn, "__globals__", {})]
-    saved = {(id(ns), name): (ns, name, value) for ns in homes for name, value in ns.items()
-             if any(value is f for f in forbidden)}
-    for ns, name, value in saved.values():
-        ns[name] = _refusal(f"dlcourse.memory.{value.__name__}", why)
+    stand_ins = [(f, refusal(f"dlcourse.memory.{f.__name__}", why)) for f in forbidden]
     module_init = torch.nn.Module.__init__
     # A class's __init__ reaches Module.__init__ through super(), so every model, Linear or
     # LayerNorm built from here on is refused, however it was imported.
-    torch.nn.Module.__init__ = _refusal("a torch module (GPT, MLPBlock, nn.Linear, ...)", why,
-                                        verb="built")
+    torch.nn.Module.__init__ = refusal("a torch module (GPT, MLPBlock, nn.Linear, ...)", why,
+                                       verb="built")
     try:
-        yield
+        with replaced(homes, stand_ins):
+            yield
     finally:
         torch.nn.Module.__init__ = module_init
-        for ns, name, value in saved.values():
-            ns[name] = value
-
-
-def _refusal(what, why, verb="called"):
-    def refuse(*args, **kwargs):
-        raise ForbiddenCall(f"{verb} {what}, which this exercise does not allow: {why}")
-
-    return refuse
 
 
 def _expect_number(got, *, where, unit, hint=""):

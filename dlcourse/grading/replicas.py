@@ -14,7 +14,6 @@ The checks in `data_parallel.py` and `buckets.py` build on these pieces:
   a step used; compared with what each typical mistake would have used, it names the mistake.
 """
 
-import contextlib
 
 import torch
 import torch.nn as nn
@@ -25,7 +24,7 @@ import dlcourse.parallel.compare as compare_module
 import dlcourse.parallel.data as data_module
 import dlcourse.parallel.overlap as overlap_module
 from dlcourse.collectives.counter import CommCounter, record_of
-from dlcourse.grading.core import CheckFailed, ForbiddenCall, describe, fail
+from dlcourse.grading.core import describe, fail, refusal, replaced
 from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, init_weights, lm_loss,
                              synthetic_regression, synthetic_tokens)
 
@@ -156,31 +155,15 @@ LIBRARY = {
 }
 
 
-@contextlib.contextmanager
 def refusing(names, namespaces=()):
     """Make the LIBRARY entries in `names` raise ForbiddenCall under every name bound to them in
-    dlcourse.parallel's modules and in `namespaces` (a student's globals); then undo it. A
-    function unpickled inside the block finds the refusal under the names it imported."""
+    dlcourse.parallel's modules and in `namespaces` (a student's globals), while the returned
+    context is active. A function unpickled inside it finds the refusal under the names it
+    imported."""
     modules = [vars(m) for m in (data_module, buckets_module, compare_module, overlap_module)]
-    refused = {id(LIBRARY[n]): n for n in names}
-    saved = [(ns, key, value) for ns in [*modules, *namespaces] for key, value in list(ns.items())
-             if id(value) in refused]
-    for ns, key, value in saved:
-        ns[key] = _refusal(refused[id(value)])
-    try:
-        yield
-    finally:
-        for ns, key, value in saved:
-            ns[key] = value
-
-
-def _refusal(name):
-    def refuse(*args, **kwargs):
-        raise ForbiddenCall(f"called {name} from dlcourse.parallel, which this exercise does "
-                            "not allow: it is the lesson's answer to this exercise; write it "
-                            "yourself")
-
-    return refuse
+    why = "it is the lesson's answer to this exercise; write it yourself"
+    return replaced([*modules, *namespaces],
+                    [(LIBRARY[n], refusal(f"{n} from dlcourse.parallel", why)) for n in names])
 
 
 class Watch(CommCounter):
@@ -215,13 +198,6 @@ class Watch(CommCounter):
             return loss_fn(output, target)
 
         return loss
-
-
-def expect_callable(fn, exercise):
-    __tracebackhide__ = True
-    if not callable(fn):
-        raise CheckFailed(f"the check for {exercise} needs your function itself (its name, "
-                          f"without parentheses), not a {type(fn).__name__}")
 
 
 def expect_gradients_reduced(events, where, rank, hint):
