@@ -92,13 +92,6 @@ def cpu_params(model):
     return {k: v.detach().to("cpu", copy=True) for k, v in model.named_parameters()}
 
 
-def this_ranks_shard(x, y):
-    """The contiguous slice of the global batch that this rank trains on."""
-    n = x.size(0) // dist.get_world_size()
-    start = dist.get_rank() * n
-    return x[start : start + n], y[start : start + n]
-
-
 def mean_over_ranks(value, cfg):
     t = torch.tensor([float(value)], device=cfg.device())
     dist.all_reduce(t)

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dlcourse.collectives import CommCounter
 from dlcourse.models import lm_loss
-from dlcourse.parallel.data import train_step
+from dlcourse.parallel.data import shard_batch, train_step
 from dlcourse.parallel.overlap import DataParallel
 
 # name -> DataParallel options that define the variant (they override the caller's)
@@ -95,7 +95,7 @@ def train_tour_row(variant, cfg):
     group = dist.group.WORLD
     model = wrap(variant, cfg.new_model(), group)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    batch = tour.this_ranks_shard(*cfg.data())
+    batch = shard_batch(cfg.data(), group)  # this rank's contiguous slice of the global batch
     loss, step_time = tour.timed_steps(cfg, model, optimizer, *batch)
     comm = count_step(variant, cfg.new_model(), batch, lm_loss, group)
     state_bytes = tour.held_bytes(model.module, optimizer)
