@@ -1,7 +1,7 @@
 """Data parallelism from scratch against torch DDP: step time of each variant (lesson 03).
 
 One job of 4 gloo ranks trains the same 4.2M-parameter MLP with every variant side by side
-(`dlcourse.parallel.compare.time_variants`: rounds in rotating order, first round a warm-up)
+(`dlcourse.parallel.data.compare.time_variants`: rounds in rotating order, first round a warm-up)
 and prints each variant's median SGD step time over DDP's. Target: the overlapped variant (the
 full from-scratch DataParallel: buckets + overlap) at most 1.05x DDP.
 
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 import dlcourse
 from dlcourse.models import MLP, MLPConfig, synthetic_regression
-from dlcourse.parallel.compare import DDP, NAMES, time_variants
-from dlcourse.parallel.data import shard_batch
+from dlcourse.parallel.data.compare import DDP, NAMES, time_variants
+from dlcourse.parallel.data.steps import shard_batch
 
 WORLD_SIZE = 4
 CONFIG = MLPConfig(d_in=1024, hidden=1024, n_layers=3, d_out=1024)  # 4 x (1024^2 + 1024) = 4.2M

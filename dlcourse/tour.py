@@ -21,7 +21,7 @@ import dlcourse
 from dlcourse import backends
 from dlcourse.memory import count_params, measure_model_state
 from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
-from dlcourse.parallel.compare import DDP, train_tour_row
+from dlcourse.parallel.data.compare import DDP, train_tour_row
 
 # Rounding: a sum over 4 ranks adds the same fp32 numbers in another order (~1e-7 relative).
 # AdamW divides each update by sqrt(v); for a gradient element near zero that turns rounding

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from dlcourse import tour
-from dlcourse.parallel.data import shard_batch
+from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.backends import cpu_cores
 
 

@@ -23,9 +23,9 @@ import torch.distributed as dist
 
 import dlcourse
 from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
-from dlcourse.parallel.buckets import all_reduce_buckets, make_buckets
-from dlcourse.parallel.compare import NAMES, VARIANTS, wrap
-from dlcourse.parallel.data import average_gradients, shard_batch, train_step
+from dlcourse.parallel.data.buckets import all_reduce_buckets, make_buckets
+from dlcourse.parallel.data.compare import NAMES, VARIANTS, wrap
+from dlcourse.parallel.data.steps import average_gradients, shard_batch, train_step
 from dlcourse.tour import MATCH_TOLERANCE
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, n_layers=2, n_heads=2, hidden=16)  # 7k params, tied

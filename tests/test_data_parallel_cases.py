@@ -10,9 +10,9 @@ import torch.nn as nn
 
 import dlcourse
 from dlcourse.models import GPT, GPTConfig, MLP, MLPConfig, lm_loss, synthetic_tokens
-from dlcourse.parallel.buckets import make_buckets
-from dlcourse.parallel.compare import NAMES, VARIANTS, count_step, ring_all_reduce_bytes, wrap
-from dlcourse.parallel.data import shard_batch, train_step, uneven_loss_scale
+from dlcourse.parallel.data.buckets import make_buckets
+from dlcourse.parallel.data.compare import NAMES, VARIANTS, count_step, ring_all_reduce_bytes, wrap
+from dlcourse.parallel.data.steps import shard_batch, train_step, uneven_loss_scale
 from dlcourse.plots.timeline import Span, Timeline, _stack_overlaps, plot_timeline
 from dlcourse.tour import MATCH_TOLERANCE
 

@@ -14,10 +14,10 @@ from dlcourse.grading.data_parallel import (
     check_accumulate_step, check_all_reduce_buckets, check_broadcast_parameters,
     check_data_parallel_step, check_make_buckets,
 )
-from dlcourse.parallel.data import average_gradients, train_step
-from dlcourse.parallel.data import broadcast_parameters as library_broadcast
-from dlcourse.parallel.buckets import all_reduce_buckets as library_all_reduce_buckets
-from dlcourse.parallel.buckets import make_buckets as library_make_buckets
+from dlcourse.parallel.data.steps import average_gradients, train_step
+from dlcourse.parallel.data.steps import broadcast_parameters as library_broadcast
+from dlcourse.parallel.data.buckets import all_reduce_buckets as library_all_reduce_buckets
+from dlcourse.parallel.data.buckets import make_buckets as library_make_buckets
 
 HANG_TIMEOUT_S = 2
 

@@ -4,7 +4,7 @@
     check_all_reduce_buckets(all_reduce_buckets)    one all-reduce per bucket, averages in .grad
 
 The plan is a formula of the model, so `check_make_buckets` calls the student's function in this
-process and compares its plan with the lesson's `make_buckets` (`dlcourse/parallel/buckets.py`,
+process and compares its plan with the lesson's `make_buckets` (`dlcourse/parallel/data/buckets.py`,
 which tests/test_data_parallel.py holds against DDP): the same parameters, last first, each
 bucket closed once it holds at least the cap. `check_all_reduce_buckets` runs on 4, 3 and 2 real
 ranks, hands every rank that plan after its own backward, and compares every `.grad` with one
@@ -18,7 +18,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-import dlcourse.parallel.buckets as library
+import dlcourse.parallel.data.buckets as library
 from dlcourse import pickling
 from dlcourse.grading.core import (
     CHECK_TIMEOUT_S, CheckFailed, ForbiddenCall, describe, expect_callable, fail, run_on_ranks,

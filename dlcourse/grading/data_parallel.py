@@ -27,7 +27,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-import dlcourse.parallel.compare as compare
+import dlcourse.parallel.data.compare as compare
 from dlcourse import pickling
 from dlcourse.grading.buckets import check_all_reduce_buckets, check_make_buckets
 from dlcourse.grading.core import CHECK_TIMEOUT_S, expect_callable, fail, run_on_ranks

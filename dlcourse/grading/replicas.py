@@ -19,10 +19,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import dlcourse.parallel.buckets as buckets_module
-import dlcourse.parallel.compare as compare_module
-import dlcourse.parallel.data as data_module
-import dlcourse.parallel.overlap as overlap_module
+import dlcourse.parallel.data.buckets as buckets_module
+import dlcourse.parallel.data.compare as compare_module
+import dlcourse.parallel.data.steps as data_module
+import dlcourse.parallel.data.overlap as overlap_module
 from dlcourse.collectives.counter import CommCounter, record_of
 from dlcourse.grading.core import describe, fail, refusal, replaced
 from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, init_weights, lm_loss,

@@ -1,8 +1,10 @@
-"""Parallel training strategies, one module each; every one takes a plain model and a process group.
+"""Parallel training strategies, one subpackage each; every one takes a plain model and the
+process group of its axis, never a global.
 
-Data parallelism (lesson 03, `lessons/03_data_parallel.ipynb`):
-    data.py      shard_batch, uneven_loss_scale, broadcast_parameters, average_gradients, train_step
-    buckets.py   Bucket, make_buckets, all_reduce_buckets: a few big all-reduces instead of many
-    overlap.py   DataParallel: buckets all-reduced from gradient hooks during backward, no_sync()
-    compare.py   the variants side by side (and torch DDP): wrap, time_variants, count_step
+    data/       data parallelism (lesson 03, `lessons/03_data_parallel.ipynb`)
+    grid.py     RankGrid: the sizes of the dp, tp and pp axes and each rank's groups (lesson 07),
+                built once and handed down, so a strategy takes `grid.dp_group` or `grid.tp_group`
+
+Each strategy offers what `dlcourse tour` composes: a way to wrap the plain model for a group,
+the training step, and a count of one step's communication (lesson 02's `CommCounter`).
 """

@@ -21,8 +21,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.autograd import Variable
 
-from dlcourse.parallel.buckets import all_reduce_bucket, finish_bucket, make_buckets
-from dlcourse.parallel.data import broadcast_parameters, check_same_model
+from dlcourse.parallel.data.buckets import all_reduce_bucket, finish_bucket, make_buckets
+from dlcourse.parallel.data.steps import broadcast_parameters, check_same_model
 
 
 class DataParallel(nn.Module):

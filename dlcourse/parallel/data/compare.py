@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dlcourse.collectives import CommCounter
 from dlcourse.models import lm_loss
-from dlcourse.parallel.data import shard_batch, train_step
-from dlcourse.parallel.overlap import DataParallel
+from dlcourse.parallel.data.steps import shard_batch, train_step
+from dlcourse.parallel.data.overlap import DataParallel
 
 # name -> DataParallel options that define the variant (they override the caller's)
 VARIANTS = {

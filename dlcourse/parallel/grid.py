@@ -1,0 +1,143 @@
+"""The rank grid: how many ranks each strategy's axis has, and which ranks share a group on it
+(lessons 04-07; lesson 07, `lessons/07_combining.ipynb`, draws it).
+
+A job of world_size = pp x dp x tp ranks is a grid. Each rank has one coordinate per axis, and on
+each axis it talks only to the ranks that differ from it in that coordinate alone: its tensor-
+parallel group, its data-parallel group, its pipeline neighbours. `RankGrid` holds the sizes and
+checks them; `RankGrid.new_groups()`, called once on every rank, makes the process groups and
+returns them as a `RankGroups` that the program hands to each strategy (`groups.tp`, `groups.dp`).
+Nothing here is module-level state: a notebook cell that builds a second grid gets its own groups.
+
+The order of the axes, outermost first, decides which ranks are neighbours. The default
+("pp", "dp", "tp") puts tp innermost: tensor-parallel ranks are consecutive, so on a real cluster
+they share a node and its fast links (Megatron-LM and torchtitan order their axes this way).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+AXES = ("pp", "dp", "tp")
+
+
+@dataclass(frozen=True)
+class RankGrid:
+    dp: int = 1  # data-parallel replicas (ZeRO shards its state over this axis)
+    tp: int = 1  # tensor-parallel ranks: each holds 1/tp of every weight matrix
+    pp: int = 1  # pipeline stages: each holds a run of consecutive layers
+    order: tuple = AXES  # the axes outermost first; the last one's ranks are consecutive
+
+    def __post_init__(self):
+        for axis in AXES:
+            size = getattr(self, axis)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"RankGrid.{axis} must be a whole number >= 1, got {size!r}")
+        if sorted(self.order) != sorted(AXES):
+            raise ValueError(f"RankGrid.order must name each of {AXES} once, got {self.order!r}")
+        object.__setattr__(self, "order", tuple(self.order))
+
+    @property
+    def world_size(self):
+        return self.pp * self.dp * self.tp
+
+    @property
+    def shape(self):
+        """The grid's sizes in `order`: rank r sits at index r of a C-ordered array this shape."""
+        return tuple(getattr(self, axis) for axis in self.order)
+
+    def coords(self, rank):
+        """rank -> {axis: coordinate}, the rank's place in the grid."""
+        self._check_rank(rank)
+        coords = {}
+        for axis, size in zip(reversed(self.order), reversed(self.shape)):
+            rank, coords[axis] = divmod(rank, size)  # innermost axis varies fastest
+        return {axis: coords[axis] for axis in self.order}
+
+    def rank_of(self, coords):
+        """{axis: coordinate} -> rank (the inverse of `coords`)."""
+        rank = 0
+        for axis, size in zip(self.order, self.shape):
+            rank = rank * size + coords[axis]
+        return rank
+
+    def axis_ranks(self, axis, rank):
+        """The ranks in `rank`'s group on `axis`: those equal to it on every other axis."""
+        self._check_axis(axis)
+        here = self.coords(rank)
+        return [self.rank_of({**here, axis: i}) for i in range(getattr(self, axis))]
+
+    def axis_groups(self, axis):
+        """Every group of `axis`, each a list of ranks; together they hold each rank once."""
+        self._check_axis(axis)
+        firsts = [r for r in range(self.world_size) if self.coords(r)[axis] == 0]
+        return [self.axis_ranks(axis, r) for r in firsts]
+
+    def check_world_size(self, world_size):
+        if world_size != self.world_size:
+            raise ValueError(
+                f"the grid pp {self.pp} x dp {self.dp} x tp {self.tp} = {self.world_size} ranks, "
+                f"but the job has {world_size}: make the product equal the world size")
+
+    def check_model(self, config, micro_batches=None):
+        """Refuse sizes the course GPT (a `GPTConfig`) cannot be cut into, with the arithmetic."""
+        for name in ("n_heads", "hidden", "vocab_size"):
+            value = getattr(config, name)
+            if value % self.tp:
+                raise ValueError(
+                    f"tp {self.tp} does not divide {name} {value} ({value} / {self.tp} = "
+                    f"{value / self.tp:g}): each tensor-parallel rank needs an equal share; "
+                    f"try tp in {_divisors(math.gcd(config.n_heads, config.hidden, config.vocab_size))}")
+        if self.pp > config.n_layers:
+            raise ValueError(f"pp {self.pp} is more stages than the model's {config.n_layers} "
+                             "layers: every stage needs at least one block")
+        if micro_batches is not None and self.pp > 1 and micro_batches < self.pp:
+            raise ValueError(f"{micro_batches} micro-batches cannot keep {self.pp} stages busy: "
+                             f"use at least pp = {self.pp}")
+
+    def new_groups(self):
+        """On every rank of the job, once: make every axis's process groups (each rank must
+        create every group, in the same order) and return this rank's as a `RankGroups`."""
+        self.check_world_size(dist.get_world_size())
+        rank = dist.get_rank()
+        mine = {}
+        for axis in self.order:
+            for ranks in self.axis_groups(axis):
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    mine[axis] = group
+        return RankGroups(self, rank, self.coords(rank), mine)
+
+    def _check_rank(self, rank):
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside the grid's {self.world_size} ranks")
+
+    def _check_axis(self, axis):
+        if axis not in AXES:
+            raise ValueError(f"unknown axis {axis!r}; the axes are {AXES}")
+
+
+@dataclass
+class RankGroups:
+    """One rank's view of the grid: where it sits and the process group of each axis."""
+
+    grid: RankGrid
+    rank: int
+    coords: dict  # {axis: this rank's coordinate}
+    groups: dict = field(repr=False)  # {axis: ProcessGroup of the ranks this one talks to on it}
+
+    @property
+    def dp(self):
+        return self.groups["dp"]
+
+    @property
+    def tp(self):
+        return self.groups["tp"]
+
+    @property
+    def pp(self):
+        return self.groups["pp"]
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
