@@ -9,12 +9,10 @@ import statistics
 import time
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dlcourse.collectives import CommCounter
-from dlcourse.models import lm_loss
-from dlcourse.parallel.data.steps import shard_batch, train_step
+from dlcourse.parallel.data.steps import train_step
 from dlcourse.parallel.data.overlap import DataParallel
 
 # name -> DataParallel options that define the variant (they override the caller's)
@@ -84,20 +82,3 @@ def count_step(variant, model, batch, loss_fn, group, bucket_cap_mb=25.0):
 def ring_all_reduce_bytes(n_params, world_size, bytes_per_value=4):
     """2Ψ(N-1)/N values: what a ring all-reduce of Ψ gradients sends from each rank (lesson 02)."""
     return 2 * n_params * (world_size - 1) / world_size * bytes_per_value
-
-
-def train_tour_row(variant, cfg):
-    """`dlcourse tour`'s row for `variant`: cfg.steps AdamW steps of the course GPT on 4 ranks;
-    the bytes per step are counted apart, on a fresh replica (`count_step`), so that counting
-    does not slow the timed steps."""
-    from dlcourse import tour  # here, not at the top: tour.py imports this module for its ROWS
-
-    group = dist.group.WORLD
-    model = wrap(variant, cfg.new_model(), group)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    batch = shard_batch(cfg.data(), group)  # this rank's contiguous slice of the global batch
-    loss, step_time = tour.timed_steps(cfg, model, optimizer, *batch)
-    comm = count_step(variant, cfg.new_model(), batch, lm_loss, group)
-    state_bytes = tour.held_bytes(model.module, optimizer)
-    return tour.RowResult(tour.mean_over_ranks(loss, cfg), tour.cpu_params(model.module),
-                          state_bytes, round(comm.bus_bytes()), step_time)

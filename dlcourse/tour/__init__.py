@@ -1,0 +1,95 @@
+"""`dlcourse tour`: the whole course in one table.
+
+Trains the course GPT with every strategy built so far, each on real ranks, checks each against
+the single-process reference, and prints: strategy, final loss, max difference from the
+reference, model-state bytes per rank, communication bytes per step, step time.
+
+A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
+`RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that
+strategy's wrap / train / count functions: `data.py` for lesson 03.
+"""
+
+from functools import partial
+
+from tqdm.auto import tqdm
+
+import dlcourse
+from dlcourse import backends
+from dlcourse.memory import count_params
+from dlcourse.parallel.data.compare import DDP
+from dlcourse.tour.common import (MATCH_TOLERANCE, Row, RowResult, TourConfig, cpu_params,  # noqa: F401
+                                  held_bytes, mean_over_ranks, timed_steps, train_reference)
+from dlcourse.tour.data import train_dp_row
+
+ROWS = [
+    Row("single process (reference)", train_reference, distributed=False),
+    Row("DP naive (lesson 03)", partial(train_dp_row, "naive")),
+    Row("DP bucketed (lesson 03)", partial(train_dp_row, "bucketed")),
+    Row("DP overlapped (lesson 03)", partial(train_dp_row, "overlapped")),
+    Row("torch DDP", partial(train_dp_row, DDP)),
+]
+
+
+def run(world_size=4, steps=5, backend="auto", rows=None, out=print):
+    """Run every row; print the table with `out` and return it as a list of dicts."""
+    backend, why = backends.choose(backend, world_size)
+    cfg = TourConfig(steps=steps, cuda=backend == "nccl")
+    if cfg.global_batch % world_size:
+        raise ValueError(f"--world-size {world_size} does not divide the global batch of "
+                         f"{cfg.global_batch} sequences; use 1, 2, 4, 8 or 16 ranks")
+    out(f"dlcourse tour: GPT of {count_params(cfg.model):,} parameters, {steps} AdamW steps, global batch "
+        f"{cfg.global_batch}; {world_size} ranks on {backend}" + (f" ({why})" if why else ""))
+    table, reference = [], None
+    with tqdm(rows or ROWS, desc="strategies", unit="row", leave=False) as progress:
+        for row in progress:
+            progress.set_postfix_str(row.name)
+            result = _run_row(row, cfg, world_size, backend)
+            reference = reference or result.params
+            table.append(_summarise(row, result, reference, world_size if row.distributed else 1))
+    out(format_table(table))
+    return table
+
+
+def _run_row(row, cfg, world_size, backend):
+    if not row.distributed:
+        return row.train(cfg)
+    results = dlcourse.launch(row.train, cfg, world_size=world_size, backend=backend, timeout=600)
+    first = results[0]
+    first.state_bytes = max(r.state_bytes for r in results)
+    return first
+
+
+def _summarise(row, result, reference, ranks):
+    diff = max((result.params[k] - reference[k]).abs().max().item() for k in reference)
+    return {
+        "strategy": row.name,
+        "ranks": ranks,
+        "final loss": result.loss,
+        "max |Δ| vs reference": diff,
+        "matches": diff <= MATCH_TOLERANCE,
+        "model-state bytes/rank": result.state_bytes,
+        "comm bytes/step/rank": result.comm_bytes,
+        "step time (ms)": 1000 * result.step_time,
+    }
+
+
+def format_table(table):
+    def cell(key, value):
+        if value is None:
+            return "-"
+        if isinstance(value, bool):
+            return "yes" if value else "NO"
+        if key.startswith("max"):
+            return f"{value:.1e}"
+        if isinstance(value, float):
+            return f"{value:.4f}" if key == "final loss" else f"{value:.1f}"
+        return f"{value:,}" if isinstance(value, int) else str(value)
+
+    keys = list(table[0])
+    rows = [[cell(k, r[k]) for k in keys] for r in table]
+    widths = [max(len(k), *(len(r[i]) for r in rows)) for i, k in enumerate(keys)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(keys), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
