@@ -44,3 +44,25 @@ def test_an_unsolved_notebook_fails_exactly_at_its_grader_cells(exercise):
                 f"grader cell {index} failed for another reason: {cell['reason']}"
         else:
             assert cell["outcome"] == "passed", f"code cell {index} failed: {cell['reason']}"
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
+def test_grader_cells_call_the_check_module_named_after_their_notebook(solution):
+    """solutions/NN_topic.ipynb's grader cells import their checks from dlcourse.checks.topic."""
+    topic = solution.stem.split("_", 1)[1]
+    nb = read(solution)
+    imported = {line.split()[1] for cell in nb.cells if cell.cell_type == "code"
+                for line in cell.source.splitlines() if line.startswith("from dlcourse.checks")}
+    assert imported == {f"dlcourse.checks.{topic}"}, (
+        f"{solution.name} imports its checks from {sorted(imported)}; "
+        f"expected dlcourse.checks.{topic} only")
+
+
+def test_the_library_never_imports_the_checks():
+    """Checks refuse library functions while a student's code runs; the library must not need
+    them (nor the grading engine, which runs notebooks and reads their results)."""
+    for path in (ROOT / "dlcourse").rglob("*.py"):
+        if "checks" in path.relative_to(ROOT / "dlcourse").parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert "import dlcourse.checks" not in text and "from dlcourse.checks" not in text, path

@@ -11,10 +11,10 @@ import torch.distributed as dist
 from torch.distributed import all_reduce as imported_all_reduce
 
 from conftest import wait_gone
-from dlcourse.grading.core import (
+from dlcourse.checks.core import (
     COLLECTIVES, CheckFailed, expect_tensor, random_tensor, run_on_ranks,
 )
-from dlcourse.grading.launch import check_gather_all, check_sum_to_rank0
+from dlcourse.checks.launch import check_gather_all, check_sum_to_rank0
 
 
 # --- gather_all: the solution and the wrong answers students write --------------------------

@@ -1,4 +1,4 @@
-"""Lesson 02's checks (`dlcourse/grading/collectives.py`) on real gloo ranks: the solutions pass,
+"""Lesson 02's checks (`dlcourse/checks/collectives.py`) on real gloo ranks: the solutions pass,
 and the wrong rings students write fail with the rank, the chunk, expected vs got and a hint; a
 ring that deadlocks fails in seconds saying it hung; torch's collectives and the course's own
 library ring are refused. Then the cost model's wrong formulas, each with the term it got wrong."""
@@ -9,11 +9,11 @@ import torch.distributed as dist
 
 import dlcourse.collectives
 from dlcourse.collectives import predict_time
-from dlcourse.grading.collectives import (
+from dlcourse.checks.collectives import (
     check_all_reduce_time, check_ring_all_gather, check_ring_all_reduce,
     check_ring_reduce_scatter,
 )
-from dlcourse.grading.core import CheckFailed, run_on_ranks
+from dlcourse.checks.core import CheckFailed, run_on_ranks
 
 # A deadlock is only reported at the check's timeout: 3 s here (10 s in a notebook) keeps the
 # suite short and still leaves a loaded machine time to start 4 ranks.

@@ -1,4 +1,4 @@
-"""Lesson 03's checks (`dlcourse/grading/data_parallel.py`): the solutions pass, and the wrong
+"""Lesson 03's checks (`dlcourse/checks/data_parallel.py`): the solutions pass, and the wrong
 answers students write fail with a message naming the case, the rank, the parameter, expected
 vs got, and a hint that says which mistake it was."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dlcourse.grading.core import CheckFailed
-from dlcourse.grading.data_parallel import (
+from dlcourse.checks.core import CheckFailed
+from dlcourse.checks.data_parallel import (
     check_accumulate_step, check_all_reduce_buckets, check_broadcast_parameters,
     check_data_parallel_step, check_make_buckets,
 )

@@ -1,4 +1,4 @@
-"""Lesson 01's checks (`dlcourse/grading/memory.py`): the solutions pass, and the wrong answers
+"""Lesson 01's checks (`dlcourse/checks/memory.py`): the solutions pass, and the wrong answers
 students write fail with a message naming the case, the part, expected vs got, and a hint."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from dlcourse.grading.core import CheckFailed
-from dlcourse.grading.memory import (check_count_params, check_mlp_activations,
+from dlcourse.checks.core import CheckFailed
+from dlcourse.checks.memory import (check_count_params, check_mlp_activations,
                                      check_zero_model_state)
 from dlcourse.memory import SavedTensorLog, count_params, model_state_bytes
 from dlcourse.models import GPT, GPTConfig, MLPBlock

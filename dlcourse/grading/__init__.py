@@ -1,5 +1,6 @@
-"""Graded exercises: one solution notebook per lesson, the exercise notebook built from it, and
-grader cells that nbval runs (COURSE.md, "Exercises and grading").
+"""The grading engine: one solution notebook per lesson, the exercise notebook built from it, and
+grader cells that nbval runs, turned into points and a gradebook. What a grader cell calls, the
+checks, is the package `dlcourse.checks`; this engine never imports it.
 
 The contract, for every exercise set (lesson NN, topic `topic`):
 - `solutions/NN_topic.ipynb` is the source. The student's part of the code sits between
@@ -9,14 +10,12 @@ The contract, for every exercise set (lesson NN, topic `topic`):
 - A grader cell is an ordinary code cell with the metadata
   `{"dlcourse": {"grader": "<exercise id>", "points": <int>}}` (see `notebooks.py`). It calls a
   check, e.g. `check_gather_all(gather_all)`, that raises when the student's function is wrong.
-- Checks live in `dlcourse/grading/<topic>.py` and build on `core.py` (run on real ranks,
-  compare with an independent reference, forbid collectives, messages a student can act on).
-  Lesson 00's are in `launch.py`, lesson 01's in `memory.py`, lesson 02's in `collectives.py`
-  (with `rings.py`), lesson 03's in `data_parallel.py` (with `buckets.py` and `replicas.py`).
+- Checks live in `dlcourse/checks/<topic>.py`, the topic being the solution notebook's name,
+  and build on `dlcourse/checks/core.py` (see `dlcourse/checks/__init__.py`).
 - `dlcourse grade PATH... [--against EXERCISE_NOTEBOOK] [--csv FILE]` runs each notebook under
   nbval (`nbrun.py`, with the `nbresults.py` pytest plugin), puts back the released grader
   cells (`--against`), and turns grader cells into points (`grade.py`), a table and a
   gradebook (`gradebook.py`).
 
-This package imports nothing heavy itself: `from dlcourse.grading.launch import check_gather_all`.
+This package imports nothing heavy itself.
 """

@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 import dlcourse.parallel.data.buckets as library
 from dlcourse import pickling
-from dlcourse.grading.core import (
+from dlcourse.checks.core import (
     CHECK_TIMEOUT_S, CheckFailed, ForbiddenCall, describe, expect_callable, fail, run_on_ranks,
 )
-from dlcourse.grading.replicas import (
+from dlcourse.checks.replicas import (
     LIBRARY, TOLERANCE, Watch, batch, build, count, expect_gradients_reduced,
     gradient_at, gradients, kind, loss_of, refusing, shards, snapshot, worst_element,
 )

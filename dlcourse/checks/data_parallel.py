@@ -29,9 +29,9 @@ import torch.distributed as dist
 
 import dlcourse.parallel.data.compare as compare
 from dlcourse import pickling
-from dlcourse.grading.buckets import check_all_reduce_buckets, check_make_buckets
-from dlcourse.grading.core import CHECK_TIMEOUT_S, expect_callable, fail, run_on_ranks
-from dlcourse.grading.replicas import (
+from dlcourse.checks.buckets import check_all_reduce_buckets, check_make_buckets
+from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, run_on_ranks
+from dlcourse.checks.replicas import (
     LIBRARY, OPTIMIZERS, SEED, Watch, batch, build, combine, count,
     expect_gradients_reduced, expect_weights, explain_step, gradient_at, loss_of, optimizer,
     refusing, shards, snapshot, whole_batch,

@@ -24,7 +24,7 @@ import dlcourse.parallel.data.compare as compare_module
 import dlcourse.parallel.data.steps as data_module
 import dlcourse.parallel.data.overlap as overlap_module
 from dlcourse.collectives.counter import CommCounter, record_of
-from dlcourse.grading.core import describe, fail, refusal, replaced
+from dlcourse.checks.core import describe, fail, refusal, replaced
 from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, init_weights, lm_loss,
                              synthetic_regression, synthetic_tokens)
 

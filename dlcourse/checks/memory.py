@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 
 import dlcourse.memory
-from dlcourse.grading.core import call_in_process, fail, refusal, replaced
+from dlcourse.checks.core import call_in_process, fail, refusal, replaced
 from dlcourse.memory import (MemoryParts, SavedTensorLog, count_params, estimate_gpt_step,
                              gpt_saved_tensors, measure_step, model_state_bytes, param_shapes)
 from dlcourse.models import GPT, GPTConfig, MLPBlock

@@ -1,8 +1,8 @@
 """The core that every topic check builds on: run a student's function on real ranks, compare
 what each rank returned with an independent reference, and fail with a message a student can act
-on. Lesson 00's checks (`dlcourse/grading/launch.py`) are the worked example.
+on. Lesson 00's checks (`dlcourse/checks/launch.py`) are the worked example.
 
-A topic check in `dlcourse/grading/<topic>.py` looks like this:
+A topic check in `dlcourse/checks/<topic>.py` looks like this:
 
     def check_gather_all(gather_all, timeout=CHECK_TIMEOUT_S):
         for world_size, shape, dtype in CASES:                 # inputs the student never saw

@@ -25,11 +25,11 @@ import torch.distributed as dist
 
 import dlcourse.collectives
 from dlcourse.collectives import cost
-from dlcourse.grading.core import (
+from dlcourse.checks.core import (
     CHECK_TIMEOUT_S, ForbiddenCall, call_in_process, describe, expect_unchanged,
     fail, refusal, replaced,
 )
-from dlcourse.grading.rings import (
+from dlcourse.checks.rings import (
     Case, check_ring, chunk_bounds, expect_chunks, holds, in_flat, join, sizes, sum_of,
     whole_numbers,
 )

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import dlcourse
 from dlcourse.collectives import CommCounter
-from dlcourse.grading.core import (
+from dlcourse.checks.core import (
     CHECK_TIMEOUT_S, COLLECTIVES, CheckFailed, ForbiddenCall, expect_tensor, fail, run_on_ranks,
 )
 

@@ -10,7 +10,7 @@ single-process torch (`torch.stack`, `.sum`), so it shares no code with a soluti
 
 import torch
 
-from dlcourse.grading.core import (
+from dlcourse.checks.core import (
     CHECK_TIMEOUT_S, describe, expect_none, expect_tensor, expect_unchanged, random_tensor,
     run_on_ranks,
 )

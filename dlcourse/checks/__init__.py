@@ -1,0 +1,17 @@
+"""The checks that grader cells call, one module per lesson's exercise set, named after the
+solution notebook's topic (`solutions/NN_topic.ipynb` -> `dlcourse/checks/topic.py`; a test holds
+the mapping), all built on `core.py`: run the student's function on real ranks, compare with an
+independent reference, refuse the library's own answer, and fail with a message a student can act
+on. The grading engine (`dlcourse.grading`) runs notebooks and never imports these; the library
+never imports them either.
+
+    core.py           run_on_ranks, call_in_process, expect_tensor, refusals (the worked example
+                      is launch.py)
+    launch.py         lesson 00
+    memory.py         lesson 01
+    collectives.py    lesson 02, with rings.py (the ring exercises)
+    data_parallel.py  lesson 03, with buckets.py and replicas.py (models, whole-batch references,
+                      gradient watches, weight comparisons that later lessons' checks reuse)
+
+Import from the module: `from dlcourse.checks.launch import check_gather_all`.
+"""
