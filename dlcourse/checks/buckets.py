@@ -19,13 +19,13 @@ import torch
 import torch.distributed as dist
 
 import dlcourse.parallel.data.buckets as library
-from dlcourse import pickling
 from dlcourse.checks.core import (
-    CHECK_TIMEOUT_S, CheckFailed, ForbiddenCall, describe, expect_callable, fail, run_on_ranks,
+    CHECK_TIMEOUT_S, call_in_process, describe, dtype_name, expect_callable, fail,
+    kind, run_on_ranks,
 )
 from dlcourse.checks.replicas import (
     LIBRARY, TOLERANCE, Watch, batch, build, count, expect_gradients_reduced,
-    gradient_at, gradients, kind, loss_of, refusing, shards, snapshot, worst_element,
+    gradient_at, gradients, loss_of, refuse_library, refusing, shards, snapshot, worst_element,
 )
 
 MB = 2**20  # bucket_cap_mb is in MiB, as in DDP
@@ -62,32 +62,16 @@ def check_make_buckets(make_buckets):
         model = build(case.model, case.dtype)
         cap = case.bucket_cap_mb * MB
         where = (f"make_buckets(model, bucket_cap_mb={case.bucket_cap_mb:.6g}) of the "
-                 f"{case.model} in {str(case.dtype).removeprefix('torch.')}, a cap of "
+                 f"{case.model} in {dtype_name(case.dtype)}, a cap of "
                  f"{cap:,.1f} bytes")
         expected = [b.params for b in library.make_buckets(model, case.bucket_cap_mb)]
-        got = _call_here(make_buckets, (model, case.bucket_cap_mb), "make_buckets", where)
+        got = call_in_process(make_buckets, (model, case.bucket_cap_mb), exercise="make_buckets",
+                              where=where, hint=PLAN_HINT,
+                              guard=refusing(LIBRARY, [getattr(make_buckets, "__globals__", {})]))
         _compare_plan(got, expected, model, cap, where)
     print(f"make_buckets: passed on {len(PLAN_CASES)} cases (MLP, tied GPT, parameters without "
           "gradients; caps of 0, exactly full and one bucket; float32 and float64), equal to "
           "the lesson's plan")
-
-
-def _call_here(fn, args, exercise, where):
-    """fn(*args) in this process, the lesson's functions refused; errors become CheckFailed."""
-    __tracebackhide__ = True
-    try:
-        with refusing(LIBRARY, [getattr(fn, "__globals__", {})]):
-            return fn(*args)
-    except ForbiddenCall as error:
-        raise CheckFailed(f"{where}: {error}") from None
-    except NotImplementedError as error:
-        if error.args and not str(error).startswith("Hint:"):  # torch's, not the stub
-            raise CheckFailed(f"{where}: raised NotImplementedError: {error}") from error
-        raise CheckFailed(f"{exercise} is not written yet: replace its `raise "
-                          f"NotImplementedError` line with your code. {error}".rstrip()) from None
-    except Exception as error:  # the student's bug: their traceback follows
-        raise CheckFailed(f"{where}: raised {type(error).__name__}: {error}\nHint: "
-                          f"{PLAN_HINT}") from error
 
 
 def _compare_plan(got, expected, model, cap, where):
@@ -188,15 +172,14 @@ def check_all_reduce_buckets(all_reduce_buckets, timeout=CHECK_TIMEOUT_S):
     the average over the ranks (the whole batch's gradient), with one all-reduce per bucket."""
     __tracebackhide__ = True
     expect_callable(all_reduce_buckets, "all_reduce_buckets")
-    payload = pickling.dumps(all_reduce_buckets)
     for i, case in enumerate(REDUCE_CASES):
-        _check_reduce_case(payload, case, i, timeout)
+        _check_reduce_case(all_reduce_buckets, case, i, timeout)
     print(f"all_reduce_buckets: passed on {len(REDUCE_CASES)} cases (4, 3, 2 ranks; MLP, tied "
           "GPT, parameters without gradients; 4, 3 and 1 buckets; float32 and float64), equal "
           "to one process on the whole batch, one all-reduce per bucket")
 
 
-def _check_reduce_case(payload, case, i, timeout):
+def _check_reduce_case(all_reduce_buckets, case, i, timeout):
     __tracebackhide__ = True
     W, dtype = case.world_size, case.dtype
     x, y = batch(case.model, 2 * W, seed=300 + i, dtype=dtype)
@@ -204,11 +187,12 @@ def _check_reduce_case(payload, case, i, timeout):
     model = build(case.model, dtype)
     plan = library.make_buckets(model, case.bucket_cap_mb)
     where = (f"all_reduce_buckets on {W} ranks, {case.model} in "
-             f"{str(dtype).removeprefix('torch.')}, {count(len(plan), 'bucket')} "
+             f"{dtype_name(dtype)}, {count(len(plan), 'bucket')} "
              f"({', '.join(f'{b.nbytes:,}' for b in plan)} bytes)")
-    outcomes = run_on_ranks(partial(_reduce_in_rank, payload, case), [(s,) for s in per_rank],
+    outcomes = run_on_ranks(all_reduce_buckets, [(s,) for s in per_rank],
                             exercise="all_reduce_buckets", where=where, hint=REDUCE_HINT,
-                            timeout=timeout)
+                            timeout=timeout, harness=partial(_reduce_in_rank, case),
+                            guard=refuse_library)
     initial = snapshot(model)
     loss_of(case.model)(model(x), y).backward()
     expected = gradients(model)  # one process, the whole batch
@@ -226,16 +210,14 @@ def _check_reduce_case(payload, case, i, timeout):
                      "the parameters")
 
 
-def _reduce_in_rank(payload, case, shard):
+def _reduce_in_rank(case, all_reduce_buckets, shard):
     """Runs in every rank: backward on its shard, then the student's all_reduce_buckets."""
     model = build(case.model, case.dtype)
     x, y = shard
     loss_of(case.model)(model(x), y).backward()
     plan = [b.params for b in library.make_buckets(model, case.bucket_cap_mb)]
-    with refusing(LIBRARY):
-        all_reduce_buckets = pickling.loads(payload)
-        with Watch(model) as watch:
-            all_reduce_buckets(plan, dist.group.WORLD)
+    with Watch(model) as watch:
+        all_reduce_buckets(plan, dist.group.WORLD)
     return gradients(model), snapshot(model), watch.events
 
 

@@ -26,8 +26,8 @@ import torch.distributed as dist
 import dlcourse.collectives
 from dlcourse.collectives import cost
 from dlcourse.checks.core import (
-    CHECK_TIMEOUT_S, ForbiddenCall, call_in_process, describe, expect_unchanged,
-    fail, refusal, replaced,
+    CHECK_TIMEOUT_S, ForbiddenCall, call_in_process, describe, dtype_name, expect_unchanged,
+    fail, kind, refusal, replaced,
 )
 from dlcourse.checks.rings import (
     Case, check_ring, chunk_bounds, expect_chunks, holds, in_flat, join, sizes, sum_of,
@@ -137,7 +137,7 @@ def check_ring_all_gather(ring_all_gather, timeout=CHECK_TIMEOUT_S):
         whole = whole_numbers(shape, dtype, seed=100 * i)
         bounds = chunk_bounds(whole.numel(), n)
         where = (f"ring_all_gather(chunk, numel={whole.numel()}) on {n} ranks, "
-                 f"{str(dtype).removeprefix('torch.')} chunks of {sizes(bounds)}")
+                 f"{dtype_name(dtype)} chunks of {sizes(bounds)}")
         rank_args = [(c.clone(), whole.numel()) for c in whole.tensor_split(n)]
         cases.append(Case(n, rank_args, where, bounds, steps=n - 1))
     check_ring(ring_all_gather, cases, exercise="ring_all_gather", reference=_torch_all_gather,
@@ -215,7 +215,7 @@ def _compare_all_reduce(case, rank, returned, args_after, expected):
     __tracebackhide__ = True
     before, after = case.rank_args[rank][0], args_after[0]
     if torch.equal(after, before):
-        gave = "" if returned is None else f" (your function returned {_kind(returned)})"
+        gave = "" if returned is None else f" (your function returned {kind(returned)})"
         fail(case.where, rank, f"left tensor as it was{gave}: all-reduce works in place",
              "write the sum into the caller's tensor with tensor.copy_(...), as dist.all_reduce "
              "does; `tensor = ...` only rebinds a name inside your function")
@@ -255,10 +255,6 @@ def _explain_all_reduce(after, expected, case, rank, c):
     return f"{words}. {ALL_REDUCE_HINT}"
 
 
-def _kind(value):
-    return describe(value) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
-
-
 # ---------------------------------------------------------------- exercise 4: the time it takes
 
 # (nbytes, world_size, alpha in s, beta in s per byte)
@@ -285,7 +281,7 @@ def check_all_reduce_time(all_reduce_time):
         got = _answer(all_reduce_time, (nbytes, n, alpha, beta), where)
         expected = cost.predict_time("ring all_reduce", nbytes, n, alpha, beta)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
-            fail(where, None, f"returned {_kind(got)}, expected a number of seconds",
+            fail(where, None, f"returned {kind(got)}, expected a number of seconds",
                  "return a plain float" + (" (float(t))" if isinstance(got, torch.Tensor) else ""))
         if not math.isclose(got, expected, rel_tol=TIME_RTOL):
             fail(where, None, f"returned {got:.6g} s, the alpha-beta model of a ring all-reduce "

@@ -15,7 +15,8 @@ A topic check in `dlcourse/checks/<topic>.py` looks like this:
 
 The API:
 - `run_on_ranks(fn, rank_args, exercise=, where=, hint=, forbid=(), why_forbidden="",
-  hang_hint="", timeout=)` runs `fn(*rank_args[r])` on rank r of `len(rank_args)` gloo ranks
+  hang_hint="", harness=None, guard=None, timeout=)` runs `fn(*rank_args[r])` (or
+  `harness(fn, *rank_args[r])`) on rank r of `len(rank_args)` gloo ranks
   and returns, in rank order, `(value, args_after)`: what the rank returned and its arguments
   after the call (to catch a function that changes its caller's tensors). A rank that raises,
   a function not written yet (`NotImplementedError`), and a job still running after `timeout`
@@ -76,21 +77,25 @@ class ForbiddenCall(RuntimeError):
 
 
 def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why_forbidden="",
-                 hang_hint="", timeout=CHECK_TIMEOUT_S):
+                 hang_hint="", harness=None, guard=None, timeout=CHECK_TIMEOUT_S):
     """Run `fn(*rank_args[rank])` on every rank; return [(value, args_after)] in rank order.
 
     `where` names the case in messages (default: the exercise); `hint` follows a rank's error,
-    `hang_hint` a deadlock's.
+    `hang_hint` a deadlock's. `guard()`, if given, makes a context manager that is active in the
+    rank whenever the student's code runs, e.g. `partial(refusing, LIBRARY)` to refuse the
+    library's answers; `forbid` refuses torch.distributed functions the same way.
+    `harness(student, *args)`, if given, is called in the rank instead of `fn(*args)`: a
+    module-level function of the check's that builds what the student's function works on, calls
+    `student(...)` (the student's function, inside the guards) and returns what the check
+    compares. For a class (an autograd Function), `with student.guarded(): student.fn.apply(...)`.
     """
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
-    if not callable(fn):
-        raise CheckFailed(f"the check for {exercise} needs your function itself (its name, "
-                          f"without parentheses), not {_kind(fn)}")
+    expect_callable(fn, exercise)
     world_size = len(rank_args)
-    payload = pickling.dumps(fn)  # unpickled in the rank only once the guard is in place
+    student = StudentCode(pickling.dumps(fn), tuple(forbid), why_forbidden, guard)
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
-        return dlcourse.launch(_in_rank, payload, rank_args, tuple(forbid), why_forbidden,
+        return dlcourse.launch(_in_rank, student, rank_args, harness,
                                world_size=world_size, backend="gloo", timeout=timeout)
     except RankTimeout as error:
         raise CheckFailed(
@@ -102,6 +107,33 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
         ) from None
     except RankError as error:
         raise CheckFailed(_explain(exercise, where or exercise, hint, error)) from None
+
+
+class StudentCode:
+    """The student's function as a rank receives it: pickled, loaded only inside the exercise's
+    guards (so a name the student imported finds the refusal), and called inside them."""
+
+    def __init__(self, payload, forbid=(), why_forbidden="", guard=None):
+        self.payload, self.forbid, self.why_forbidden, self.guard = (payload, forbid,
+                                                                     why_forbidden, guard)
+        self._fn = None
+
+    @contextlib.contextmanager
+    def guarded(self):
+        with _forbidden(self.forbid, self.why_forbidden), \
+                (self.guard() if self.guard else contextlib.nullcontext()):
+            yield
+
+    @property
+    def fn(self):
+        """The student's object; load it inside `guarded()`."""
+        if self._fn is None:
+            self._fn = pickling.loads(self.payload)
+        return self._fn
+
+    def __call__(self, *args, **kwargs):
+        with self.guarded():
+            return self.fn(*args, **kwargs)
 
 
 _STUB = "raised NotImplementedError"
@@ -120,12 +152,10 @@ def _explain(exercise, where, hint, error):
     return f"{where}: rank {error.rank} {summary}{hint}\n\n{error.traceback}"
 
 
-def _in_rank(payload, rank_args, forbid, why_forbidden):
-    """Runs in every rank: guard the forbidden functions, then load and call the student's."""
+def _in_rank(student, rank_args, harness):
+    """Runs in every rank: the student's function (inside its guards), or the check's harness."""
     args = rank_args[dist.get_rank()]
-    with _forbidden(forbid, why_forbidden):
-        fn = pickling.loads(payload)
-        value = fn(*args)
+    value = harness(student, *args) if harness else student(*args)
     return value, args
 
 
@@ -155,13 +185,13 @@ def expect_callable(fn, exercise):
     __tracebackhide__ = True
     if not callable(fn):
         raise CheckFailed(f"the check for {exercise} needs your function itself (its name, "
-                          f"without parentheses), not a {type(fn).__name__}")
+                          f"without parentheses), not {kind(fn)}")
 
 
-def call_in_process(fn, args, *, exercise, where, guard=None):
+def call_in_process(fn, args, *, exercise, where, guard=None, hint=""):
     """fn(*args) in the notebook's own process, for exercises that are formulas rather than
     ranks; `guard` (a context manager, e.g. `replaced(...)`) is active while it runs. What the
-    student's function raises becomes a CheckFailed that names the case."""
+    student's function raises becomes a CheckFailed that names the case (and gives `hint`)."""
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
     expect_callable(fn, exercise)
     try:
@@ -175,7 +205,8 @@ def call_in_process(fn, args, *, exercise, where, guard=None):
         raise CheckFailed(f"{exercise} is not written yet: replace its `raise "
                           f"NotImplementedError` line with your code. {error}".rstrip()) from None
     except Exception as error:  # the student's bug: show it, and their traceback under it
-        raise CheckFailed(f"{where}: raised {type(error).__name__}: {error}") from error
+        raise CheckFailed(f"{where}: raised {type(error).__name__}: {error}"
+                          + (f"\nHint: {hint}" if hint else "")) from error
 
 
 @contextlib.contextmanager
@@ -219,12 +250,12 @@ def expect_tensor(got, expected, *, where, rank, atol=0.0, rtol=0.0, tolerance="
     """Fail unless `got` is a tensor of `expected`'s shape and dtype with the same values."""
     __tracebackhide__ = True
     if not isinstance(got, torch.Tensor):
-        fail(where, rank, f"returned {_kind(got)}, expected {describe(expected)}", hint)
+        fail(where, rank, f"returned {kind(got)}, expected {describe(expected)}", hint)
     if got.shape != expected.shape:
         fail(where, rank, f"returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}",
              hint)
     if got.dtype != expected.dtype:
-        fail(where, rank, f"returned dtype {_name(got.dtype)}, expected {_name(expected.dtype)}",
+        fail(where, rank, f"returned dtype {dtype_name(got.dtype)}, expected {dtype_name(expected.dtype)}",
              hint)
     got, expected = got.detach().cpu(), expected.detach().cpu()
     if atol or rtol:
@@ -244,7 +275,7 @@ def expect_tensor(got, expected, *, where, rank, atol=0.0, rtol=0.0, tolerance="
 def expect_none(got, *, where, rank, hint=""):
     __tracebackhide__ = True
     if got is not None:
-        fail(where, rank, f"returned {_kind(got)}, expected None", hint)
+        fail(where, rank, f"returned {kind(got)}, expected None", hint)
 
 
 def expect_unchanged(before, after, *, where, rank, name="its input", hint=""):
@@ -265,14 +296,16 @@ def random_tensor(shape, dtype, seed):
 
 def describe(value):
     """'int64 tensor of shape (2, 5)': how messages name a tensor."""
-    return f"{_name(value.dtype)} tensor of shape {tuple(value.shape)}"
+    return f"{dtype_name(value.dtype)} tensor of shape {tuple(value.shape)}"
 
 
-def _kind(value):
+def kind(value):
+    """'None', 'float32 tensor of shape (3,)' or 'a list': how messages name what came back."""
     if value is None:
         return "None"
     return describe(value) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
 
 
-def _name(dtype):
+def dtype_name(dtype):
+    """'float32' for torch.float32."""
     return str(dtype).removeprefix("torch.")

@@ -28,13 +28,12 @@ import torch
 import torch.distributed as dist
 
 import dlcourse.parallel.data.compare as compare
-from dlcourse import pickling
 from dlcourse.checks.buckets import check_all_reduce_buckets, check_make_buckets
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, run_on_ranks
 from dlcourse.checks.replicas import (
-    LIBRARY, OPTIMIZERS, SEED, Watch, batch, build, combine, count,
+    OPTIMIZERS, SEED, Watch, batch, build, combine, count,
     expect_gradients_reduced, expect_weights, explain_step, gradient_at, loss_of, optimizer,
-    refusing, shards, snapshot, whole_batch,
+    refuse_library, refusing, shards, snapshot, whole_batch,
 )
 
 __all__ = ["check_broadcast_parameters", "check_data_parallel_step", "check_make_buckets",
@@ -59,12 +58,11 @@ def check_broadcast_parameters(broadcast_parameters, timeout=CHECK_TIMEOUT_S):
     every rank built its model from a different seed."""
     __tracebackhide__ = True
     expect_callable(broadcast_parameters, "broadcast_parameters")
-    payload = pickling.dumps(broadcast_parameters)
     for W, name in BROADCAST_CASES:
         where = f"broadcast_parameters on {W} ranks, {name}, each rank from its own seed"
-        outcomes = run_on_ranks(partial(_broadcast_in_rank, payload, name), [()] * W,
-                                exercise="broadcast_parameters", where=where,
-                                hint=BROADCAST_HINT, timeout=timeout)
+        outcomes = run_on_ranks(broadcast_parameters, [()] * W, exercise="broadcast_parameters",
+                                where=where, hint=BROADCAST_HINT, timeout=timeout,
+                                harness=partial(_broadcast_in_rank, name), guard=refuse_library)
         starts = [snapshot(build(name, seed=SEED + r)) for r in range(W)]
         for rank, (weights, _) in enumerate(outcomes):
             _expect_broadcast(weights, starts, rank, where)
@@ -72,11 +70,10 @@ def check_broadcast_parameters(broadcast_parameters, timeout=CHECK_TIMEOUT_S):
           "GPT, MLP, a frozen parameter), every rank holds rank 0's weights")
 
 
-def _broadcast_in_rank(payload, name):
+def _broadcast_in_rank(name, broadcast_parameters):
     """Runs in every rank: its own random start, then the student's broadcast."""
     model = build(name, seed=SEED + dist.get_rank())
-    with refusing(LIBRARY):
-        pickling.loads(payload)(model, dist.group.WORLD)
+    broadcast_parameters(model, dist.group.WORLD)
     return snapshot(model)
 
 
@@ -124,25 +121,23 @@ def check_data_parallel_step(data_parallel_step, timeout=CHECK_TIMEOUT_S):
     same step on the whole batch."""
     __tracebackhide__ = True
     expect_callable(data_parallel_step, "data_parallel_step")
-    payload = pickling.dumps(data_parallel_step)
     for i, case in enumerate(STEP_CASES):
-        _check_step_case(payload, case, i, timeout)
+        _check_step_case(data_parallel_step, case, i, timeout)
     print(f"data_parallel_step: passed on {len(STEP_CASES)} cases (4, 3, 2 ranks; MLP, tied "
           "GPT, parameters without gradients; equal and unequal shards; SGD and AdamW), equal "
           "to one process on the whole batch")
 
 
-def _check_step_case(payload, case, i, timeout):
+def _check_step_case(data_parallel_step, case, i, timeout):
     __tracebackhide__ = True
     n, W = sum(case.shards), case.world_size
     batches = [batch(case.model, n, seed=100 * i + k) for k in range(case.steps)]
     where = (f"data_parallel_step on {W} ranks, {case.model}, {n} samples in shards of "
              f"{_sizes(case.shards)}, {case.optimizer}")
     steps = [shards(b, case.shards) for b in batches]  # steps[k][r]: rank r's (x, y) in step k
-    outcomes = run_on_ranks(partial(_step_in_rank, payload, case),
-                            [([s[r] for s in steps],) for r in range(W)],
+    outcomes = run_on_ranks(data_parallel_step, [([s[r] for s in steps],) for r in range(W)],
                             exercise="data_parallel_step", where=where, hint=STEP_HINT,
-                            timeout=timeout)
+                            timeout=timeout, harness=partial(_step_in_rank, case), guard=refuse_library)
     model = build(case.model)
     expected = whole_batch(model, optimizer(case.optimizer, model.parameters()), batches,
                            loss_of(case.model))
@@ -157,17 +152,15 @@ def _check_step_case(payload, case, i, timeout):
                            explain=explain)
 
 
-def _step_in_rank(payload, case, steps):
+def _step_in_rank(case, data_parallel_step, steps):
     """Runs in every rank: the same start (as after a broadcast), then the student's steps."""
     model = build(case.model)
     opt = optimizer(case.optimizer, model.parameters())
     weights = [snapshot(model)]
-    with refusing(LIBRARY):
-        data_parallel_step = pickling.loads(payload)
-        with Watch(model) as watch:
-            for x, y in steps:
-                data_parallel_step(model, opt, x, y, loss_of(case.model), dist.group.WORLD)
-                weights.append(snapshot(model))
+    with Watch(model) as watch:
+        for x, y in steps:
+            data_parallel_step(model, opt, x, y, loss_of(case.model), dist.group.WORLD)
+            weights.append(snapshot(model))
     return weights, watch.events
 
 
@@ -238,15 +231,14 @@ def check_accumulate_step(accumulate_step, timeout=CHECK_TIMEOUT_S):
     rank's micro-batches together, synchronising once, after the last micro-batch."""
     __tracebackhide__ = True
     expect_callable(accumulate_step, "accumulate_step")
-    payload = pickling.dumps(accumulate_step)
     for i, case in enumerate(ACCUMULATE_CASES):
-        _check_accumulate_case(payload, case, i, timeout)
+        _check_accumulate_case(accumulate_step, case, i, timeout)
     print(f"accumulate_step: passed on {len(ACCUMULATE_CASES)} cases (4, 3, 2 ranks; MLP and "
           "tied GPT; the lesson's DataParallel and torch DDP; equal and unequal micro-batches), "
           "equal to one process on the whole batch, one synchronisation per step")
 
 
-def _check_accumulate_case(payload, case, i, timeout):
+def _check_accumulate_case(accumulate_step, case, i, timeout):
     __tracebackhide__ = True
     W, sizes = case.world_size, case.micro_batches
     per_rank = sum(sizes)
@@ -255,10 +247,11 @@ def _check_accumulate_case(payload, case, i, timeout):
     micro = [[shards(s, sizes) for s in shards(b, [per_rank] * W)] for b in batches]
     where = (f"accumulate_step on {W} ranks, {case.model} in {case.wrapper}, micro-batches of "
              f"{_sizes(sizes)} samples on each rank")
-    outcomes = run_on_ranks(partial(_accumulate_in_rank, payload, case),
-                            [([m[r] for m in micro],) for r in range(W)],
+    outcomes = run_on_ranks(accumulate_step, [([m[r] for m in micro],) for r in range(W)],
                             exercise="accumulate_step", where=where, hint=ACCUMULATE_HINT,
-                            timeout=timeout)
+                            timeout=timeout, harness=partial(_accumulate_in_rank, case),
+                            # not the wrapper's machinery: it runs inside the student's step
+                            guard=partial(refusing, ["train_step"]))
     model = build(case.model)
     expected = whole_batch(model, optimizer("SGD", model.parameters()), batches,
                            loss_of(case.model))
@@ -271,7 +264,7 @@ def _check_accumulate_case(payload, case, i, timeout):
                            explain=explain)
 
 
-def _accumulate_in_rank(payload, case, steps):
+def _accumulate_in_rank(case, accumulate_step, steps):
     """Runs in every rank: the model wrapped, then the student's step on each step's
     micro-batches, watched (all-reduces, and each call of loss_fn)."""
     model = compare.wrap(WRAPPERS[case.wrapper], build(case.model), dist.group.WORLD,
@@ -279,13 +272,11 @@ def _accumulate_in_rank(payload, case, steps):
     n_buckets = len(model.buckets) if case.wrapper == "DataParallel" else None
     opt = optimizer("SGD", model.parameters())
     weights, events = [snapshot(model.module)], []
-    with refusing(["train_step"]):  # not the wrapper's machinery: it runs inside the step
-        accumulate_step = pickling.loads(payload)
-        for micro_batches in steps:
-            with Watch(model.module) as watch:
-                accumulate_step(model, opt, micro_batches, watch.marked(loss_of(case.model)))
-            weights.append(snapshot(model.module))
-            events.append(watch.events)
+    for micro_batches in steps:
+        with Watch(model.module) as watch:
+            accumulate_step(model, opt, micro_batches, watch.marked(loss_of(case.model)))
+        weights.append(snapshot(model.module))
+        events.append(watch.events)
     return weights, events, n_buckets
 
 

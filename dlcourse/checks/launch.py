@@ -11,7 +11,7 @@ single-process torch (`torch.stack`, `.sum`), so it shares no code with a soluti
 import torch
 
 from dlcourse.checks.core import (
-    CHECK_TIMEOUT_S, describe, expect_none, expect_tensor, expect_unchanged, random_tensor,
+    CHECK_TIMEOUT_S, describe, dtype_name, expect_none, expect_tensor, expect_unchanged, random_tensor,
     run_on_ranks,
 )
 
@@ -78,5 +78,5 @@ def check_sum_to_rank0(sum_to_rank0, timeout=CHECK_TIMEOUT_S):
 
 
 def _cases(cases):
-    return "; ".join(f"{ws} ranks, {str(dtype).removeprefix('torch.')} {tuple(shape)}"
+    return "; ".join(f"{ws} ranks, {dtype_name(dtype)} {tuple(shape)}"
                      for ws, shape, dtype in cases)

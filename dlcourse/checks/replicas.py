@@ -24,7 +24,7 @@ import dlcourse.parallel.data.compare as compare_module
 import dlcourse.parallel.data.steps as data_module
 import dlcourse.parallel.data.overlap as overlap_module
 from dlcourse.collectives.counter import CommCounter, record_of
-from dlcourse.checks.core import describe, fail, refusal, replaced
+from dlcourse.checks.core import fail, refusal, replaced
 from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, init_weights, lm_loss,
                              synthetic_regression, synthetic_tokens)
 
@@ -166,6 +166,11 @@ def refusing(names, namespaces=()):
                     [(LIBRARY[n], refusal(f"{n} from dlcourse.parallel", why)) for n in names])
 
 
+def refuse_library():
+    """`run_on_ranks(guard=refuse_library)`: every LIBRARY answer refused in the rank."""
+    return refusing(LIBRARY)
+
+
 class Watch(CommCounter):
     """Lesson 02's CommCounter, noting for every collective which parameter's values it carried
     (by the tensor's memory, which `p`, `p.data` and `p.detach()` share and `p.grad` does not),
@@ -263,7 +268,3 @@ def worst_element(gap):
 
 def count(n, word):
     return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def kind(value):
-    return describe(value) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"

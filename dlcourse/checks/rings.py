@@ -18,7 +18,6 @@ as a sum of some ranks' chunks (`sum_of`): a rank missing, a chunk off by one, a
 
 import itertools
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -26,7 +25,8 @@ import torch.distributed as dist
 import dlcourse
 from dlcourse.collectives import CommCounter
 from dlcourse.checks.core import (
-    CHECK_TIMEOUT_S, COLLECTIVES, CheckFailed, ForbiddenCall, expect_tensor, fail, run_on_ranks,
+    CHECK_TIMEOUT_S, COLLECTIVES, ForbiddenCall, expect_callable, expect_tensor, fail,
+    run_on_ranks,
 )
 
 # float32 holds whole numbers exactly up to 2^24 and float64 up to 2^53: values below 2^20 and
@@ -89,12 +89,10 @@ def check_ring(fn, cases, *, exercise, reference, compare, hint, timeout=CHECK_T
     """Run fn on every case; call compare(case, rank, value, args_after, torch's result) for
     every rank. `reference` is torch's collective, called in every rank as fn is."""
     __tracebackhide__ = True
-    if not callable(fn):
-        raise CheckFailed(f"the check for {exercise} needs your function itself (its name, "
-                          f"without parentheses), not a {type(fn).__name__}")
+    expect_callable(fn, exercise)
     expected = {}  # world_size -> torch's results, launched once the first case needs them
     for case in cases:
-        outcomes = run_on_ranks(partial(_sends_and_recvs_only, fn), case.rank_args,
+        outcomes = run_on_ranks(fn, case.rank_args, harness=_sends_and_recvs_only,
                                 exercise=exercise, where=case.where, hint=hint,
                                 forbid=COLLECTIVES, why_forbidden=WHY_SEND_RECV,
                                 hang_hint=HANG_HINT, timeout=timeout)
@@ -110,11 +108,11 @@ def check_ring(fn, cases, *, exercise, reference, compare, hint, timeout=CHECK_T
           "sends and recvs")
 
 
-def _sends_and_recvs_only(fn, *args):
-    """Runs in every rank: fn(*args) under a CommCounter; any record but send/recv is refused.
-    Returns (fn's value, [(op, peer, nbytes)] of its sends and recvs)."""
+def _sends_and_recvs_only(student, *args):
+    """Runs in every rank: the student's function under a CommCounter; any record but send/recv
+    is refused. Returns (its value, [(op, peer, nbytes)] of its sends and recvs)."""
     with CommCounter() as comm:
-        value = fn(*args)
+        value = student(*args)
     for record in comm.records:
         if record.op not in ALLOWED_OPS:
             whose = (f"the course's own {record.algorithm} {record.op} from dlcourse.collectives"
