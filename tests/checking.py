@@ -24,3 +24,11 @@ def starts(first, says):
     fails alike, the message names the first to fail, whichever that is."""
     pattern = re.escape(says).replace(re.escape("rank ?"), r"rank \d")
     return re.match(pattern, first) is not None
+
+
+def first_line_and_message(check, *fns, **kwargs):
+    """Run check(*fns) expecting CheckFailed; return (its first line, the whole message)."""
+    with pytest.raises(CheckFailed) as failed:
+        check(*fns, **kwargs)
+    message = str(failed.value)
+    return message.splitlines()[0], message

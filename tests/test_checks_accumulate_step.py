@@ -1,6 +1,6 @@
-"""Lesson 03's check of accumulate_step (`dlcourse/checks/data_parallel.py`): the solutions pass, and
-the wrong answers students write fail with a message naming the case, the rank, the parameter,
-expected vs got, and a hint that says which mistake it was."""
+"""Lesson 03's check of accumulate_step (`dlcourse/checks/data_parallel.py`): the solutions pass,
+and the wrong answers students write fail with a message naming the case, the rank, the
+parameter, expected vs got, and a hint that says which mistake it was."""
 
 import contextlib
 

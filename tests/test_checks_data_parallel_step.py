@@ -1,6 +1,7 @@
-"""Lesson 03's check of broadcast_parameters and data_parallel_step (`dlcourse/checks/data_parallel.py`): the solutions pass, and
-the wrong answers students write fail with a message naming the case, the rank, the parameter,
-expected vs got, and a hint that says which mistake it was."""
+"""Lesson 03's check of broadcast_parameters and data_parallel_step
+(`dlcourse/checks/data_parallel.py`): the solutions pass, and the wrong answers students write
+fail with a message naming the case, the rank, the parameter, expected vs got, and a hint that
+says which mistake it was."""
 
 import pytest
 import torch
