@@ -1,16 +1,17 @@
-"""Lesson 01's checks (`dlcourse/checks/memory.py`): the solutions pass, and the wrong answers
-students write fail with a message naming the case, the part, expected vs got, and a hint."""
+"""Lesson 01's checks of count_gpt_params and zero_model_state (`dlcourse/checks/memory.py`), and
+what every lesson-01 check does with an unwritten, crashing or misused function: the solutions
+pass, and the wrong answers students write fail with a message naming the case, the part,
+expected vs got, and a hint."""
 
 import math
 
 import pytest
-import torch
 
 from dlcourse.checks.core import CheckFailed
 from dlcourse.checks.memory import (check_count_params, check_mlp_activations,
                                      check_zero_model_state)
-from dlcourse.memory import SavedTensorLog, count_params, model_state_bytes
-from dlcourse.models import GPT, GPTConfig, MLPBlock
+from dlcourse.memory import count_params, model_state_bytes
+from dlcourse.models import GPT, GPTConfig
 
 GPT_TINY = GPTConfig(n_layers=1, hidden=8, n_heads=1)
 
@@ -208,87 +209,6 @@ def test_zero_model_state_rejects_plausible_wrong_answers(wrong, says, hint):
     assert message.splitlines()[0].startswith(says) and hint in message
 
 
-# --- mlp_activation_bytes ------------------------------------------------------------------
-
-def mlp_activation_bytes(batch, seq_len, hidden, dropout, dtype):
-    values = batch * seq_len * hidden  # one (B, T, h) tensor
-    saved = values + 4 * values + 4 * values  # fc's input, GELU's input, proj's input
-    masks = values if dropout > 0 else 0  # CPU dropout's mask: a tensor of the input's dtype
-    return (saved + masks) * dtype.itemsize
-
-
-def mlp_mask_in_2_bytes(batch, seq_len, hidden, dropout, dtype):
-    values = batch * seq_len * hidden
-    return 9 * values * dtype.itemsize + (2 * values if dropout > 0 else 0)
-
-
-def mlp_mask_without_dropout(batch, seq_len, hidden, dropout, dtype):  # p = 0 still masks
-    return 10 * batch * seq_len * hidden * dtype.itemsize
-
-
-def mlp_forgot_gelu_output(batch, seq_len, hidden, dropout, dtype):  # 4h once, not twice
-    return mlp_activation_bytes(batch, seq_len, hidden, dropout, dtype) - (
-        4 * batch * seq_len * hidden * dtype.itemsize)
-
-
-def mlp_forgot_the_input(batch, seq_len, hidden, dropout, dtype):  # "the input is not mine"
-    return mlp_activation_bytes(batch, seq_len, hidden, dropout, dtype) - (
-        batch * seq_len * hidden * dtype.itemsize)
-
-
-def mlp_korthikanti_19_sbh(batch, seq_len, hidden, dropout, dtype):  # the paper's 16-bit GPU count
-    return 19 * seq_len * batch * hidden
-
-
-def mlp_always_4_bytes(batch, seq_len, hidden, dropout, dtype):  # float32 whatever dtype says
-    return mlp_activation_bytes(batch, seq_len, hidden, dropout, torch.float32)
-
-
-def mlp_measured(batch, seq_len, hidden, dropout, dtype):  # the check's job, not a prediction
-    block = MLPBlock(GPTConfig(hidden=hidden, n_heads=1, dropout=dropout)).to(dtype)
-    with SavedTensorLog(block) as log:
-        out = block(torch.randn(batch, seq_len, hidden, dtype=dtype))  # noqa: F841
-    return log.live_bytes()["activations"]
-
-
-def test_mlp_activations_solution_passes(capsys):
-    check_mlp_activations(mlp_activation_bytes)
-    assert "mlp_activation_bytes: passed on 4 shapes" in capsys.readouterr().out
-
-
-FIRST_MLP = "mlp_activation_bytes(batch=3, seq_len=5, hidden=24, dropout=0.1, dtype=torch.float32)"
-
-
-@pytest.mark.parametrize("wrong, says, hint", [
-    (mlp_mask_in_2_bytes, FIRST_MLP + ": returned 13,680 bytes, the block saved 14,400",
-     "4-byte values, yours is 9.5 of them, the block's 10"),
-    (mlp_mask_without_dropout, "dropout=0.0, dtype=torch.float32): returned 6,720 bytes, the "
-                               "block saved 6,048", "yours is 10 of them, the block's 9"),
-    (mlp_forgot_gelu_output, FIRST_MLP + ": returned 8,640 bytes", "yours is 6 of them"),
-    (mlp_forgot_the_input, FIRST_MLP + ": returned 12,960 bytes", "yours is 9 of them"),
-    (mlp_korthikanti_19_sbh, FIRST_MLP + ": returned 6,840 bytes", "yours is 4.75 of them"),
-    (mlp_always_4_bytes, "dtype=torch.bfloat16): returned 7,200 bytes, the block saved 3,600",
-     "(B, T, h) tensors of 2-byte values, yours is 20 of them"),
-    (mlp_measured, FIRST_MLP + ": built a torch module", "predict the bytes from the shapes"),
-])
-def test_mlp_activations_reject_plausible_wrong_answers(wrong, says, hint):
-    with pytest.raises(CheckFailed) as failed:
-        check_mlp_activations(wrong)
-    message = str(failed.value)
-    assert says in message.splitlines()[0] and hint in message
-
-
-def test_measuring_with_the_library_log_is_refused_too():
-    def measured_without_a_module(batch, seq_len, hidden, dropout, dtype):
-        with SavedTensorLog() as log:  # no module built, but the measurement itself
-            pass
-        return log.live_bytes()["activations"]
-
-    with pytest.raises(CheckFailed, match="called dlcourse.memory.SavedTensorLog, which this "
-                                          "exercise does not allow"):
-        check_mlp_activations(measured_without_a_module)
-
-
 # --- what every check does with an unwritten, crashing or misused function -----------------
 
 def not_written(*args):
@@ -314,18 +234,8 @@ def test_a_crash_names_the_case_and_keeps_the_students_traceback():
     assert isinstance(failed.value.__cause__, AttributeError)  # the student's own frame
 
 
-def test_a_not_implemented_error_from_torch_is_not_the_stub():
-    def unsupported(batch, seq_len, hidden, dropout, dtype):
-        raise NotImplementedError("\"addmm_impl_cpu_\" not implemented for 'Half'")
-
-    with pytest.raises(CheckFailed) as failed:
-        check_mlp_activations(unsupported)
-    assert str(failed.value).startswith(FIRST_MLP + ": raised NotImplementedError: \"addmm")
-
-
 def test_none_and_the_result_instead_of_the_function_are_explained():
     with pytest.raises(CheckFailed, match="returned None, expected a number of bytes"):
         check_mlp_activations(lambda *args: None)
     with pytest.raises(CheckFailed, match="needs your function itself"):
         check_count_params(count_gpt_params(GPT_TINY))
-
