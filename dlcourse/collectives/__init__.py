@@ -3,7 +3,7 @@
     ring.py     ring reduce-scatter, all-gather and all-reduce, from send/recv
     tree.py     binomial-tree broadcast and reduce; the naive all-reduce through one root
     cost.py     the alpha-beta model, nccl-tests' algbw/busbw, fitting alpha and beta
-    counter.py  CommCounter: what a rank sends, op by op (lessons 02, 03, 05)
+    counter.py  CommCounter: what a rank sends, op by op (lesson 02; lessons 03-07 count with it)
     measure.py  timing ops on ranks: the lesson's curves and benchmarks/collectives.py
     demo.py     each collective's before and after, and a ring step by step, for the figures
     p2p.py      the pieces they share: group ranks, one exchange of messages, ReduceOp
