@@ -1,4 +1,4 @@
-"""The `dlcourse` command: `info`, `tour`, and the instructor's tools.
+"""The `dlcourse` command: `info`, `tour`, `plan`, and the instructor's tools.
 
 Each subcommand is a small function that takes the parsed arguments; `COMMANDS` lists them.
 """
@@ -38,6 +38,45 @@ def tour(args):
     print(f"\nEvery strategy matches the single-process reference within "
           f"{tour_module.MATCH_TOLERANCE:g} (rounding in a different summation order).")
     return 0
+
+
+def plan(args):
+    """Rank every layout of a model on a cluster: memory per GPU, speed, MFU, $ per M tokens."""
+    from dataclasses import replace
+
+    from dlcourse.planner.catalog import model
+    from dlcourse.planner.hardware import Cluster, gpu
+    from dlcourse.planner.layouts import Workload
+    from dlcourse.planner.rank import format_plan, plan as make_plan
+
+    try:
+        spec, card = model(args.model), gpu(args.gpu)
+        card = card if args.price is None else card.with_price(args.price)
+        seq_len = args.seq_len or spec.seq_len
+        tokens = _count(args.tokens_per_step)
+        if tokens % seq_len:
+            raise ValueError(f"--tokens-per-step {tokens:,} is not a whole number of "
+                             f"{seq_len}-token sequences")
+        cluster = Cluster(card, args.gpus, args.gpus_per_node)
+        result = make_plan(Workload(replace(spec, seq_len=max(spec.seq_len, seq_len)), seq_len,
+                                    tokens), cluster)
+    except ValueError as error:
+        print(f"dlcourse plan: {error}", file=sys.stderr)
+        return 2
+    print(format_plan(result, top=args.top))
+    return 0 if result.ranked else 1
+
+
+def _count(text):
+    """'4M' -> 4,194,304 tokens (K, M, G as powers of 2, the way batch sizes are quoted)."""
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    try:
+        value = float(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise ValueError(f"--tokens-per-step takes a number like 4M or 524288, got {text!r}")
+    if value < 1 or value != int(value):
+        raise ValueError(f"--tokens-per-step must be a whole number of tokens >= 1, got {text!r}")
+    return int(value)
 
 
 def exercises(args):
@@ -130,11 +169,25 @@ def _add_tour(sub):
     p.set_defaults(run=tour)
 
 
+def _add_plan(sub):
+    p = sub.add_parser("plan", help=plan.__doc__)
+    p.add_argument("--model", required=True, help="e.g. llama-2-7b, gpt-2-xl, llama-3-405b")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
+    p.add_argument("--gpu", default="h100", help="a100-40gb, a100-80gb, h100, h200, l40s, "
+                                                 "rtx-4090 (default h100)")
+    p.add_argument("--tokens-per-step", required=True, help="global batch in tokens, e.g. 4M")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs sharing NVLink (default 8)")
+    p.add_argument("--price", type=float, help="dollars per GPU-hour (default: the GPU's)")
+    p.add_argument("--top", type=int, default=8, help="rows to print (default 8)")
+    p.set_defaults(run=plan)
+
+
 def _add_info(sub):
     sub.add_parser("info", help=info.__doc__).set_defaults(run=info)
 
 
-COMMANDS = [_add_info, _add_tour, _add_exercises, _add_grade]  # each adds one subcommand
+COMMANDS = [_add_info, _add_tour, _add_plan, _add_exercises, _add_grade]  # each adds one subcommand
 
 
 def build_parser():

@@ -1,0 +1,119 @@
+"""Layouts: one way to spread a training step over a cluster, and the rules it must obey
+(lesson 07's planner).
+
+A layout is a grid dp x tp x pp (tp innermost, as `dlcourse.parallel.grid` orders it, so tensor
+parallel stays in a node), the ZeRO stage on the dp axis, how the batch is cut (micro-batch size
+and count), activation recomputation, and the pipeline's interleaving. `problems` lists every
+rule a layout breaks, each with its arithmetic; `layouts` enumerates the ones worth estimating.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What to train: a `ModelSpec` (dlcourse.memory.calculator), its sequence length and the
+    global batch of one optimizer step, in tokens."""
+
+    model: object  # ModelSpec
+    seq_len: int
+    batch_tokens: int  # tokens per optimizer step (global batch x seq_len)
+
+    @property
+    def sequences(self):
+        return self.batch_tokens // self.seq_len
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int  # data-parallel replicas (ZeRO shards over them)
+    tp: int  # tensor-parallel ranks, inside a node
+    pp: int  # pipeline stages
+    zero_stage: int = 0  # 0 (plain DP), 1, 2 or 3 on the dp axis
+    micro_batch: int = 1  # sequences per micro-batch
+    micro_batches: int = 1  # m: micro-batches per step on each pipeline (accumulation if pp = 1)
+    recompute: str = "none"  # "none", "selective" (attention scores) or "full" (whole layers)
+    interleave: int = 1  # v: model chunks per pipeline rank (interleaved 1F1B); 1 = plain 1F1B
+    sequence_parallel: bool = field(default=None)  # default: on whenever tp > 1
+
+    def __post_init__(self):
+        if self.sequence_parallel is None:
+            object.__setattr__(self, "sequence_parallel", self.tp > 1)
+
+    @property
+    def n_gpus(self):
+        return self.dp * self.tp * self.pp
+
+    def axes(self):
+        """How many strategies this layout combines (an axis counts when its size is > 1)."""
+        return sum(size > 1 for size in (self.dp, self.tp, self.pp))
+
+    def describe(self):
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.zero_stage:
+            parts.append(f"zero{self.zero_stage}")
+        if self.interleave > 1:
+            parts.append(f"v{self.interleave}")
+        parts.append(f"mb{self.micro_batch}x{self.micro_batches}")
+        if self.recompute != "none":
+            parts.append(f"{self.recompute} recompute")
+        return " ".join(parts)
+
+
+def problems(layout, work, cluster):
+    """Every rule `layout` breaks for `work` on `cluster`, each a sentence with the arithmetic;
+    [] if it is a valid layout."""
+    m, found = work.model, []
+    if layout.n_gpus != cluster.n_gpus:
+        found.append(f"dp {layout.dp} x tp {layout.tp} x pp {layout.pp} = {layout.n_gpus} GPUs, "
+                     f"the cluster has {cluster.n_gpus}")
+    if layout.tp > cluster.gpus_per_node:
+        found.append(f"tp {layout.tp} is more than the {cluster.gpus_per_node} GPUs of a node: "
+                     "tensor parallel's all-reduces would cross the slow network")
+    for name in ("n_heads", "kv_heads"):
+        if getattr(m, name) % layout.tp:
+            found.append(f"tp {layout.tp} does not divide {name} {getattr(m, name)}")
+    if layout.pp > m.n_layers or layout.pp * layout.interleave > m.n_layers:
+        found.append(f"pp {layout.pp} x v {layout.interleave} chunks is more than the "
+                     f"{m.n_layers} layers")
+    if layout.pp > 1 and layout.micro_batches < layout.pp:
+        found.append(f"{layout.micro_batches} micro-batches cannot keep {layout.pp} stages busy")
+    if layout.interleave > 1 and (layout.pp == 1 or layout.micro_batches % layout.pp):
+        found.append(f"interleaving needs pp > 1 and micro-batches ({layout.micro_batches}) a "
+                     f"multiple of pp ({layout.pp})")
+    if layout.zero_stage and layout.dp == 1:
+        found.append("ZeRO shards over data-parallel ranks: it needs dp > 1")
+    per_step = layout.dp * layout.micro_batch * layout.micro_batches
+    if per_step * work.seq_len != work.batch_tokens:
+        found.append(f"dp {layout.dp} x micro-batch {layout.micro_batch} x "
+                     f"{layout.micro_batches} micro-batches x {work.seq_len} tokens = "
+                     f"{per_step * work.seq_len:,} tokens, not the batch's {work.batch_tokens:,}")
+    if layout.recompute not in RECOMPUTE:
+        found.append(f"recompute must be one of {RECOMPUTE}, got {layout.recompute!r}")
+    return found
+
+
+def layouts(work, cluster, micro_batch_sizes=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
+            recomputes=RECOMPUTE, interleaves=(1, 2, 4)):
+    """Every valid layout of `work` on `cluster` over the given choices."""
+    n, B = cluster.n_gpus, work.sequences
+    for tp in _divisors(n):
+        for pp in _divisors(n // tp):
+            dp = n // tp // pp
+            for mb in micro_batch_sizes:
+                if B % (dp * mb):
+                    continue
+                for zero in zero_stages:
+                    for recompute in recomputes:
+                        for v in interleaves:
+                            layout = Layout(dp, tp, pp, zero, mb, B // (dp * mb), recompute, v)
+                            if not problems(layout, work, cluster):
+                                yield layout
+
+
+def _divisors(n):
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

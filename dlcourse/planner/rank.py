@@ -1,0 +1,125 @@
+"""Choosing a layout (lesson 07): every valid layout estimated, the ones that fit ranked by cost,
+the simplest one close to the cheapest recommended, and, when nothing fits, what would.
+
+    p = plan(Workload(REAL_MODELS["Llama-2 7B"], 4096, 4 * 2**20), Cluster(gpu("h100"), 64))
+    print(format_plan(p))
+
+Simplicity counts the techniques a layout combines: one for each parallel axis beyond the
+first, one for ZeRO (two for stage 3, which gathers parameters every micro-batch), one for
+interleaving and one for recomputation. Fewer is simpler to run, debug and explain.
+"""
+
+from dataclasses import dataclass, field, replace
+
+from dlcourse.planner.estimate import HEADROOM, estimate
+from dlcourse.planner.hardware import GPUS, Cluster
+from dlcourse.planner.layouts import layouts
+
+NEAR_CHEAPEST = 0.10  # the recommendation may cost this much more than the cheapest, if simpler
+
+
+def simplicity(layout):
+    """How many techniques `layout` combines (0: one GPU, or plain data parallel)."""
+    zero = {0: 0, 1: 1, 2: 1, 3: 2}[layout.zero_stage]
+    return (max(layout.axes() - 1, 0) + zero + (layout.interleave > 1)
+            + (layout.recompute != "none"))
+
+
+@dataclass
+class Plan:
+    work: object
+    cluster: Cluster
+    ranked: list  # Estimates that fit, cheapest first (simpler first among equals)
+    smallest: object = None  # the Estimate needing the least memory (to explain a miss)
+    advice: list = field(default_factory=list)  # what would fit, when nothing does
+
+    @property
+    def cheapest(self):
+        return self.ranked[0] if self.ranked else None
+
+    @property
+    def recommended(self):
+        """The simplest layout within NEAR_CHEAPEST of the cheapest (the cheaper among equals)."""
+        if not self.ranked:
+            return None
+        limit = self.cheapest.dollars_per_m_tokens * (1 + NEAR_CHEAPEST)
+        near = [e for e in self.ranked if e.dollars_per_m_tokens <= limit]
+        return min(near, key=lambda e: (simplicity(e.layout), e.dollars_per_m_tokens))
+
+
+def plan(work, cluster, advise=True, **choices):
+    """Estimate every valid layout of `work` on `cluster` (`choices` narrow `layouts`'s)."""
+    estimates = [estimate(work, L, cluster) for L in layouts(work, cluster, **choices)]
+    if not estimates:
+        raise ValueError(f"no layout of {cluster.n_gpus} GPUs can split a batch of "
+                         f"{work.sequences:,} sequences for {work.model.name}: make the "
+                         "sequences a multiple of the GPU count's data-parallel sizes")
+    fitting = sorted((e for e in estimates if e.fits),
+                     key=lambda e: (e.dollars_per_m_tokens, simplicity(e.layout)))
+    result = Plan(work, cluster, fitting, min(estimates, key=lambda e: e.memory))
+    if not fitting and advise:
+        result.advice = what_would_fit(work, cluster, **choices)
+    return result
+
+
+def what_would_fit(work, cluster, **choices):
+    """Sentences naming the fewest GPUs of this type, and the GPU types at this count, that
+    would fit `work` (searched up to 16 times the GPUs)."""
+    advice = []
+    for factor in (2, 4, 8, 16):
+        bigger = replace(cluster, n_gpus=cluster.n_gpus * factor)
+        if _fits_somehow(work, bigger, choices):
+            advice.append(f"{bigger.n_gpus} {cluster.gpu.name} GPUs would fit")
+            break
+    for name, other in GPUS.items():
+        if other.memory > cluster.gpu.memory and _fits_somehow(work, replace(cluster, gpu=other),
+                                                               choices):
+            advice.append(f"{cluster.n_gpus} {name} GPUs ({other.memory / 1e9:.0f} GB) would fit")
+    return advice or ["nothing up to 16 times the GPUs fits: use a smaller model or shorter "
+                      "sequences"]
+
+
+def _fits_somehow(work, cluster, choices):
+    try:
+        return bool(plan(work, cluster, advise=False, **choices).ranked)
+    except ValueError:  # no layout splits the batch on that many GPUs
+        return False
+
+
+def format_plan(p, top=8, out=None):
+    """The ranked table as text: layout, GB per GPU, step time, tokens/s, MFU, $ per M tokens,
+    simplicity; then the recommendation, or why nothing fits."""
+    gpu = p.cluster.gpu
+    head = (f"{p.work.model.name}, {p.work.batch_tokens:,} tokens a step of {p.work.seq_len} "
+            f"tokens each, on {p.cluster.n_gpus} x {gpu.name} ({gpu.memory / 1e9:.0f} GB, "
+            f"${gpu.price:g}/GPU-hour)")
+    if not p.ranked:
+        least = p.smallest
+        return "\n".join([head, f"Nothing fits: the layout needing least memory "
+                                f"({least.layout.describe()}) needs {least.memory / 1e9:.1f} GB a "
+                                f"GPU, more than {1 - HEADROOM:.0%} of {gpu.memory / 1e9:.0f} GB.",
+                          *(f"- {a}" for a in p.advice)])
+    rows = [("layout", "GB/GPU", "step s", "tokens/s", "MFU", "$/M tok", "simplicity")]
+    for e in p.ranked[:top]:
+        rows.append((e.layout.describe(), f"{e.memory / 1e9:.1f}", f"{e.step_time:.2f}",
+                     f"{e.tokens_per_s:,.0f}", f"{e.mfu:.0%}", f"{e.dollars_per_m_tokens:.3f}",
+                     str(simplicity(e.layout))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                       enumerate(zip(r, widths))) for r in rows]
+    r = p.recommended
+    return "\n".join([head, f"{len(p.ranked)} layouts fit; the {min(top, len(p.ranked))} "
+                            "cheapest:", *lines,
+                      f"Recommended (simplest within {NEAR_CHEAPEST:.0%} of the cheapest): "
+                      f"{r.layout.describe()}, ${r.dollars_per_m_tokens:.3f} per million "
+                      f"tokens, {r.mfu:.0%} MFU"])
+
+
+def pareto(points):
+    """The points no other point beats on both time and cost: [(time, cost, label)] sorted by
+    time. A point is dropped when another is at least as fast and at least as cheap."""
+    front = []
+    for t, c, label in sorted(points, key=lambda p: (p[0], p[1])):
+        if not front or c < front[-1][1]:
+            front.append((t, c, label))
+    return front
