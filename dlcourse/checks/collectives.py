@@ -314,8 +314,8 @@ def _refused(fn):
     rows = dict(cost.ALGORITHMS)  # the same dict object everywhere: swap its rows in place
     cost.ALGORITHMS.update({name: _RefusedTable() for name in rows})
     try:
-        with replaced(spaces, [(cost.predict_time, stand_in)]):
-            yield
+        with replaced(spaces, [(cost.predict_time, stand_in)]) as refused:
+            yield refused
     finally:
         cost.ALGORITHMS.update(rows)
 

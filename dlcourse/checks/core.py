@@ -28,9 +28,10 @@ The API:
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it
   for "build it from send/recv" exercises. The guard is installed before the student's function
   is unpickled, so `from torch.distributed import all_reduce` in the notebook is caught too.
-  It guards the public functions a student reaches for, not a deliberate bypass through
-  `ProcessGroup` methods; a torch function that calls a forbidden one inside (all_gather_object
-  calls all_gather) is refused with it.
+  The same collectives are refused at torch's dispatcher too, so a `ProcessGroup` method or a
+  functional collective is caught ("called all_reduce (through the process group), ..."); a
+  torch function that calls a forbidden one inside (all_gather_object calls all_gather) is
+  refused with it (`refuse.py`).
 - `expect_tensor(got, expected, where=, rank=, atol=0, rtol=0, tolerance="", hint="")`: type,
   shape, dtype, then values; names the first differing element and how many differ. Exact unless
   a tolerance is given; `tolerance` says where it comes from and is printed with a mismatch.
@@ -41,7 +42,8 @@ The API:
 - For exercises that are formulas, not ranks: `call_in_process(fn, args, exercise=, where=,
   guard=)` runs the student's function here and turns what it raises into `CheckFailed`;
   `replaced(namespaces, [(original, stand_in)])` with `refusal(what, why)` as the stand-in makes
-  a library function that holds the answer raise while the student's function runs.
+  a library function that holds the answer raise while the student's function runs, however it
+  is reached: by any name, a default argument, or a copy of it (`refuse.py`).
 - `expect_callable(fn, exercise)`: the grader cell got the function itself, not its result.
 """
 
@@ -49,10 +51,10 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 import dlcourse
 from dlcourse import pickling
+from dlcourse.checks.refuse import ForbiddenCall, Refused, forbidden, refusal, replaced  # noqa: F401
 from dlcourse.errors import RankError, RankTimeout
 
 # A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
@@ -70,10 +72,6 @@ COLLECTIVES = (
 
 class CheckFailed(AssertionError):
     """A student's function gave a wrong answer; the message says where and what to try."""
-
-
-class ForbiddenCall(RuntimeError):
-    """Raised inside a rank when the student calls a function the exercise forbids."""
 
 
 def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why_forbidden="",
@@ -120,8 +118,11 @@ class StudentCode:
 
     @contextlib.contextmanager
     def guarded(self):
-        with _forbidden(self.forbid, self.why_forbidden), \
-                (self.guard() if self.guard else contextlib.nullcontext()):
+        """The exercise's refusals, active; a copy of a refused function that the student's
+        function holds (made before the guard, or rebuilt by pickling) is refused too."""
+        with forbidden(self.forbid, self.why_forbidden), \
+                (self.guard() if self.guard else contextlib.nullcontext()) as refused:
+            _refuse_copies(refused, self.fn)
             yield
 
     @property
@@ -159,27 +160,6 @@ def _in_rank(student, rank_args, harness):
     return value, args
 
 
-@contextlib.contextmanager
-def _forbidden(names, why):
-    # dist.all_reduce and c10d.all_reduce are one function under two names: guard both.
-    modules = (dist, c10d)
-    saved = [(m, n, getattr(m, n)) for m in modules for n in names if hasattr(m, n)]
-    for module, name, _ in saved:
-        setattr(module, name, _guard(name, why))
-    try:
-        yield
-    finally:
-        for module, name, original in saved:
-            setattr(module, name, original)
-
-
-def _guard(name, why):
-    def forbidden(*args, **kwargs):
-        raise ForbiddenCall(f"called dist.{name}, which this exercise does not allow: {why}")
-
-    return forbidden
-
-
 def expect_callable(fn, exercise):
     """Fail unless the grader cell was given the student's function itself."""
     __tracebackhide__ = True
@@ -195,7 +175,8 @@ def call_in_process(fn, args, *, exercise, where, guard=None, hint=""):
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
     expect_callable(fn, exercise)
     try:
-        with guard or contextlib.nullcontext():
+        with guard or contextlib.nullcontext() as refused:
+            _refuse_copies(refused, fn)
             return fn(*args)
     except ForbiddenCall as error:
         raise CheckFailed(f"{where}: {error}") from None
@@ -209,34 +190,10 @@ def call_in_process(fn, args, *, exercise, where, guard=None, hint=""):
                           + (f"\nHint: {hint}" if hint else "")) from error
 
 
-@contextlib.contextmanager
-def replaced(namespaces, replacements):
-    """While the block runs, every name in `namespaces` (module dicts, a student's globals)
-    bound to one of the `replacements` keys is bound to its value instead; then all is put back.
-
-    replacements: [(original object, stand-in)], matched by identity, so a student's
-    `from dlcourse.memory import count_params` finds the stand-in under the name it imported.
-    """
-    stand_ins = {id(original): stand_in for original, stand_in in replacements}
-    saved = [(ns, key, value) for ns in namespaces for key, value in list(ns.items())
-             if id(value) in stand_ins]
-    for ns, key, value in saved:
-        ns[key] = stand_ins[id(value)]
-    try:
-        yield
-    finally:
-        for ns, key, value in saved:
-            ns[key] = value
-
-
-def refusal(what, why, verb="called"):
-    """A stand-in that raises ForbiddenCall: '<verb> <what>, which this exercise does not
-    allow: <why>'."""
-
-    def refuse(*args, **kwargs):
-        raise ForbiddenCall(f"{verb} {what}, which this exercise does not allow: {why}")
-
-    return refuse
+def _refuse_copies(refused, fn):
+    message = refused.copies_in(fn) if isinstance(refused, Refused) else None
+    if message:
+        raise ForbiddenCall(message)
 
 
 def fail(where, rank, problem, hint=""):

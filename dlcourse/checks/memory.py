@@ -28,7 +28,8 @@ import torch
 import dlcourse.memory
 from dlcourse.checks.core import call_in_process, fail, refusal, replaced
 from dlcourse.memory import (MemoryParts, SavedTensorLog, count_params, estimate_gpt_step,
-                             gpt_saved_tensors, measure_step, model_state_bytes, param_shapes)
+                             gpt_saved_tensors, measure_step, model_state_bytes, param_shapes,
+                             spec_params)
 from dlcourse.models import GPT, GPTConfig, MLPBlock
 
 # ---------------------------------------------------------------- calling the student's function
@@ -55,8 +56,8 @@ def _refused(fn, forbidden, why):
     torch.nn.Module.__init__ = refusal("a torch module (GPT, MLPBlock, nn.Linear, ...)", why,
                                        verb="built")
     try:
-        with replaced(homes, stand_ins):
-            yield
+        with replaced(homes, stand_ins) as refused:
+            yield refused
     finally:
         torch.nn.Module.__init__ = module_init
 
@@ -117,7 +118,7 @@ def check_count_params(count_gpt_params):
         expected = sum(p.numel() for p in GPT(config).parameters())  # a tied weight: once
         where = f"count_gpt_params({_describe_config(config)})"
         got = _answer(count_gpt_params, (config,), exercise="count_gpt_params", where=where,
-                      forbidden=(count_params, param_shapes),
+                      forbidden=(count_params, param_shapes, spec_params),
                       why="count Ψ from the config yourself, as you would for a model too big "
                           "to build")
         _expect_number(got, where=where, unit="parameters", hint=COUNT_HINT)

@@ -1,0 +1,119 @@
+"""A determined student's ways around the refusals (issue: graders a student cannot get around):
+the library's answer reached through an alias held elsewhere, a default argument, a copied
+function object, another library function that computes the same thing, and a collective issued
+through the process group's own methods. Each must be refused like the plain call."""
+
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import dlcourse.memory
+from dlcourse.checks.core import CheckFailed
+from dlcourse.checks.data_parallel import check_broadcast_parameters, check_make_buckets
+from dlcourse.checks.launch import check_sum_to_rank0
+from dlcourse.checks.memory import check_count_params, check_zero_model_state
+from dlcourse.memory import model_state_bytes
+from dlcourse.memory.calculator import ModelSpec, spec_params
+from dlcourse.parallel.data.buckets import make_buckets as library_make_buckets
+from dlcourse.parallel.data.steps import broadcast_parameters as library_broadcast
+
+TOOLS = {"state": model_state_bytes}  # an alias the name-based refusal never looked into
+COPY = types.FunctionType(model_state_bytes.__code__, model_state_bytes.__globals__,
+                          "my_state_bytes", model_state_bytes.__defaults__)
+COPY.__kwdefaults__ = model_state_bytes.__kwdefaults__
+
+
+def _as_dict(parts):
+    return {"params": parts.params, "grads": parts.grads, "optimizer": parts.optimizer}
+
+
+def zero_through_a_dict(n_params, dp, zero_stage, mixed_precision):
+    return _as_dict(TOOLS["state"](n_params, dp=dp, zero_stage=zero_stage,
+                                   mixed_precision=mixed_precision))
+
+
+def zero_through_a_default(n_params, dp, zero_stage, mixed_precision, _state=model_state_bytes):
+    return _as_dict(_state(n_params, dp=dp, zero_stage=zero_stage,
+                           mixed_precision=mixed_precision))
+
+
+def zero_through_a_copy(n_params, dp, zero_stage, mixed_precision):
+    return _as_dict(COPY(n_params, dp=dp, zero_stage=zero_stage, mixed_precision=mixed_precision))
+
+
+def zero_through_the_calculator(n_params, dp, zero_stage, mixed_precision):
+    # memory_per_gpu computes the same parts for a ModelSpec; reached by attribute
+    spec = ModelSpec("x", 1, 1, 1, 1, 1, 1, 1, False, False, True, False)
+    parts = dlcourse.memory.calculator.model_state_bytes(n_params, dp=dp, zero_stage=zero_stage,
+                                                         mixed_precision=mixed_precision)
+    return _as_dict(parts) if spec else None
+
+
+@pytest.mark.parametrize("wrong", [zero_through_a_dict, zero_through_a_default,
+                                   zero_through_a_copy, zero_through_the_calculator])
+def test_the_zero_formula_is_refused_however_it_is_reached(wrong):
+    with pytest.raises(CheckFailed, match="called dlcourse.memory.model_state_bytes, which this "
+                                          "exercise does not allow"):
+        check_zero_model_state(wrong)
+    assert model_state_bytes(10, dp=2, zero_stage=3).params == 10  # put back afterwards
+
+
+def count_through_a_model_spec(config):  # lesson 01's calculator counts the same GPT shape
+    spec = ModelSpec("course", config.n_layers, config.hidden, config.n_heads,
+                     config.vocab_size, config.seq_len, 4 * config.hidden, config.n_heads,
+                     False, config.bias, config.tie_embeddings, True)
+    return spec_params(spec)
+
+
+def test_another_library_function_counting_the_same_parameters_is_refused():
+    with pytest.raises(CheckFailed, match="called dlcourse.memory.spec_params"):
+        check_count_params(count_through_a_model_spec)
+
+
+def sum_through_the_process_group(x):  # ProcessGroup.allreduce, not dist.all_reduce
+    total = x.clone()
+    dist.group.WORLD.allreduce([total]).wait()
+    return total if dist.get_rank() == 0 else None
+
+
+def test_a_collective_issued_through_the_process_group_is_refused_like_dist_s():
+    with pytest.raises(CheckFailed, match=r"rank \d called all_reduce \(through the process "
+                                          r"group\), which this exercise does not allow"):
+        check_sum_to_rank0(sum_through_the_process_group)
+
+
+def broadcast_through_a_default(model, group, _answer=library_broadcast):
+    _answer(model, group)
+
+
+BUCKETS_COPY = types.FunctionType(library_make_buckets.__code__, library_make_buckets.__globals__)
+
+
+def make_buckets_through_a_copy(model, bucket_cap_mb):  # copied before the check ran
+    return [b.params for b in BUCKETS_COPY(model, bucket_cap_mb)]
+
+
+def make_buckets_copied_while_it_runs(model, bucket_cap_mb):  # the name now holds the refusal
+    copy = types.FunctionType(library_make_buckets.__code__, library_make_buckets.__globals__)
+    return [b.params for b in copy(model, bucket_cap_mb)]
+
+
+def test_lesson_03s_answers_are_refused_in_the_ranks_and_here_through_a_default_or_a_copy():
+    with pytest.raises(CheckFailed, match="called broadcast_parameters from dlcourse.parallel"):
+        check_broadcast_parameters(broadcast_through_a_default)
+    for wrong in (make_buckets_through_a_copy, make_buckets_copied_while_it_runs):
+        with pytest.raises(CheckFailed, match="called make_buckets from dlcourse.parallel"):
+            check_make_buckets(wrong)
+
+
+def test_an_honest_answer_that_merely_uses_torch_still_passes(capsys):
+    def sum_to_rank0(x):
+        total = x.clone()
+        dist.reduce(total, dst=0)
+        return total if dist.get_rank() == 0 else None
+
+    check_sum_to_rank0(sum_to_rank0)
+    assert "sum_to_rank0: passed" in capsys.readouterr().out
+    assert torch.equal(torch.ones(1), torch.ones(1))
