@@ -117,3 +117,43 @@ def test_an_honest_answer_that_merely_uses_torch_still_passes(capsys):
     check_sum_to_rank0(sum_to_rank0)
     assert "sum_to_rank0: passed" in capsys.readouterr().out
     assert torch.equal(torch.ones(1), torch.ones(1))
+
+
+def gather_from_a_table(x):
+    """No communication: rebuild every rank's x from the inputs the check once used (fixed
+    seeds 100 x case + rank for its fixed cases), as a student who read the check could."""
+    from dlcourse.checks.core import random_tensor
+    from dlcourse.checks.launch import GATHER_CASES
+    n = dist.get_world_size()
+    case = next(i for i, (ws, shape, dtype) in enumerate(GATHER_CASES)
+                if ws == n and tuple(shape) == tuple(x.shape) and dtype == x.dtype)
+    return torch.stack([random_tensor(x.shape, x.dtype, seed=100 * case + r) for r in range(n)])
+
+
+def test_inputs_drawn_afresh_defeat_a_table_of_the_checks_old_inputs():
+    from dlcourse.checks.launch import check_gather_all
+    with pytest.raises(CheckFailed) as failed:
+        check_gather_all(gather_from_a_table)
+    message = str(failed.value)
+    assert "returned wrong values" in message.splitlines()[0] or "raised StopIteration" in message
+    assert "cases drawn from seed" in message and "check_gather_all(your_function, seed=" in message
+
+
+def test_the_same_seed_draws_the_same_cases(capsys):
+    from dlcourse.checks.memory import check_zero_model_state
+
+    def zero_model_state(n_params, dp, zero_stage, mixed_precision):
+        per_param = (2, 2, 12) if mixed_precision else (4, 4, 8)
+        parts = dict(zip(("params", "grads", "optimizer"), (b * n_params for b in per_param)))
+        for part in ("optimizer", "grads", "params")[:zero_stage]:
+            parts[part] /= dp
+        return parts
+
+    seen = []
+    for _ in range(2):
+        calls = []
+        check_zero_model_state(lambda *a: calls.append(a) or zero_model_state(*a), seed=1234)
+        seen.append(calls)
+    check_zero_model_state(lambda *a: seen.append(a) or zero_model_state(*a))  # a fresh seed
+    assert seen[0] == seen[1] and len(seen[0]) == 12
+    assert seen[2:] != seen[0]

@@ -186,7 +186,7 @@ BROADCAST_GPT = "broadcast_parameters on 4 ranks, tied GPT, each rank from its o
 
 def test_broadcast_parameters_solution_passes(capsys):
     check_broadcast_parameters(broadcast_parameters)
-    assert "broadcast_parameters: passed on 3 cases" in capsys.readouterr().out
+    assert "broadcast_parameters: passed on 4 cases" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("wrong, says", [
@@ -213,16 +213,17 @@ STEP_3 = "data_parallel_step on 3 ranks, tied GPT, 7 samples in shards of 1, 4, 
 @pytest.mark.parametrize("step", [data_parallel_step, step_scaled_then_averaged])
 def test_data_parallel_step_solutions_pass(step, capsys):
     check_data_parallel_step(step)
-    assert "data_parallel_step: passed on 4 cases" in capsys.readouterr().out
+    assert "data_parallel_step: passed on 5 cases" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("step, says, hint", [
     (step_summed, STEP_4 + "rank 0 after step 1: parameter 4.bias element",
      "your step is 4 times the whole batch's: the all-reduce sums the ranks' gradients; divide "
      "by the world size"),
-    (step_local_average, STEP_3 + "rank 0 after step 1: parameter blocks.0.attn.proj.bias",
+    # which weight is farthest from one process's depends on the data, drawn afresh each run
+    (step_local_average, STEP_3 + "rank 0 after step 1: parameter ",
      "your step weighs the 3 ranks equally, but they hold 1, 4, 2 of the 7 samples"),
-    (step_assumes_equal_shards, STEP_3 + "rank 0 after step 1: parameter blocks.0.attn.proj.bias",
+    (step_assumes_equal_shards, STEP_3 + "rank 0 after step 1: parameter ",
      "with N from an all-reduce of the ranks' len(x), not a count assumed equal"),
     (step_divides_twice, STEP_4 + "rank 0 after step 1: parameter 4.bias",
      "your step is 1/4 of the whole batch's: with each loss weighted by n_r / N the all-reduced "
@@ -233,7 +234,7 @@ def test_data_parallel_step_solutions_pass(step, capsys):
      "average the gradients (p.grad) between loss.backward() and optimizer.step()"),
     (step_averages_parameters_flat,
      "data_parallel_step on 2 ranks, MLP, 4 samples in shards of 2, 2, AdamW: rank 0 after step "
-     "1: parameter 4.bias element [0] is 0, one process on the whole batch has 0.001",
+     "1: parameter ",
      "the SGD cases passed but AdamW's did not. AdamW's step is not linear in the gradient"),
     (step_without_zero_grad, STEP_4 + "rank 0 after step 2: parameter",
      "step 2 also used step 1's gradient, still in p.grad: clear the gradients at the start of "

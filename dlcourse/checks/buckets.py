@@ -20,11 +20,11 @@ import torch.distributed as dist
 
 import dlcourse.parallel.data.buckets as library
 from dlcourse.checks.core import (
-    CHECK_TIMEOUT_S, call_in_process, describe, dtype_name, expect_callable, fail,
+    CHECK_TIMEOUT_S, call_in_process, describe, dtype_name, expect_callable, fail, fresh_cases,
     kind, run_on_ranks,
 )
 from dlcourse.checks.replicas import (
-    LIBRARY, TOLERANCE, Watch, batch, build, count, expect_gradients_reduced,
+    LIBRARY, MODELS, TOLERANCE, Watch, batch, build, count, expect_gradients_reduced,
     gradient_at, gradients, loss_of, refuse_library, refusing, shards, snapshot, worst_element,
 )
 
@@ -53,12 +53,15 @@ PLAN_HINT = ("take the parameters with requires_grad from the last to the first 
              "holds at least bucket_cap_mb x 2**20 bytes (p.numel() * p.element_size() each)")
 
 
-def check_make_buckets(make_buckets):
+@fresh_cases
+def check_make_buckets(make_buckets, *, rng):
     """make_buckets(model, bucket_cap_mb) must return the lesson's plan: lists of the model's
     trainable Parameters, last first, each list closed once it holds at least the cap."""
     __tracebackhide__ = True
     expect_callable(make_buckets, "make_buckets")
-    for case in PLAN_CASES:
+    drawn = PlanCase(rng.choice(list(MODELS)), rng.choice((torch.float32, torch.float64)),
+                     rng.uniform(0, 0.002))
+    for case in PLAN_CASES + [drawn]:
         model = build(case.model, case.dtype)
         cap = case.bucket_cap_mb * MB
         where = (f"make_buckets(model, bucket_cap_mb={case.bucket_cap_mb:.6g}) of the "
@@ -69,7 +72,7 @@ def check_make_buckets(make_buckets):
                               where=where, hint=PLAN_HINT,
                               guard=refusing(LIBRARY, [getattr(make_buckets, "__globals__", {})]))
         _compare_plan(got, expected, model, cap, where)
-    print(f"make_buckets: passed on {len(PLAN_CASES)} cases (MLP, tied GPT, parameters without "
+    print(f"make_buckets: passed on {len(PLAN_CASES) + 1} cases (MLP, tied GPT, parameters without "
           "gradients; caps of 0, exactly full and one bucket; float32 and float64), equal to "
           "the lesson's plan")
 
@@ -167,22 +170,25 @@ REDUCE_HINT = ("for each bucket: torch.cat the flattened gradients (zeros for a 
                "packed (split by numel, view_as(p))")
 
 
-def check_all_reduce_buckets(all_reduce_buckets, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_all_reduce_buckets(all_reduce_buckets, timeout=CHECK_TIMEOUT_S, *, rng):
     """all_reduce_buckets(buckets, group), after each rank's backward, must leave in every .grad
     the average over the ranks (the whole batch's gradient), with one all-reduce per bucket."""
     __tracebackhide__ = True
     expect_callable(all_reduce_buckets, "all_reduce_buckets")
-    for i, case in enumerate(REDUCE_CASES):
-        _check_reduce_case(all_reduce_buckets, case, i, timeout)
-    print(f"all_reduce_buckets: passed on {len(REDUCE_CASES)} cases (4, 3, 2 ranks; MLP, tied "
+    drawn = ReduceCase(rng.randint(2, 4), rng.choice(list(MODELS)), torch.float32,
+                       rng.uniform(0, 0.002))
+    for case in REDUCE_CASES + [drawn]:
+        _check_reduce_case(all_reduce_buckets, case, rng.randrange(2**31), timeout)
+    print(f"all_reduce_buckets: passed on {len(REDUCE_CASES) + 1} cases (4, 3, 2 ranks; MLP, tied "
           "GPT, parameters without gradients; 4, 3 and 1 buckets; float32 and float64), equal "
           "to one process on the whole batch, one all-reduce per bucket")
 
 
-def _check_reduce_case(all_reduce_buckets, case, i, timeout):
+def _check_reduce_case(all_reduce_buckets, case, seed, timeout):
     __tracebackhide__ = True
     W, dtype = case.world_size, case.dtype
-    x, y = batch(case.model, 2 * W, seed=300 + i, dtype=dtype)
+    x, y = batch(case.model, 2 * W, seed=seed, dtype=dtype)
     per_rank = shards((x, y), [2] * W)
     model = build(case.model, dtype)
     plan = library.make_buckets(model, case.bucket_cap_mb)

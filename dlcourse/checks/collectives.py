@@ -27,7 +27,7 @@ import dlcourse.collectives
 from dlcourse.collectives import cost
 from dlcourse.checks.core import (
     CHECK_TIMEOUT_S, ForbiddenCall, call_in_process, describe, dtype_name, expect_unchanged,
-    fail, kind, refusal, replaced,
+    fail, fresh_cases, kind, refusal, replaced,
 )
 from dlcourse.checks.rings import (
     Case, check_ring, chunk_bounds, expect_chunks, holds, in_flat, join, sizes, sum_of,
@@ -60,15 +60,25 @@ ALL_REDUCE_HINT = ("all-reduce is a reduce-scatter, then an all-gather of the co
                    "in place (tensor.copy_), as dist.all_reduce does")
 
 
+
+def _drawn_ring_case(rng, matrix=False):
+    """(world_size, shape, dtype) at random: 2-4 ranks, 1-20 elements (a matrix if asked)."""
+    n, dtype = rng.randint(2, 4), rng.choice((torch.float32, torch.float64))
+    if matrix:
+        return n, (rng.randint(1, 4), rng.randint(1, 5)), dtype
+    return n, (rng.randint(1, 20),), dtype
+
+
 # ---------------------------------------------------------------- exercise 1: reduce-scatter
 
-def check_ring_reduce_scatter(ring_reduce_scatter, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_ring_reduce_scatter(ring_reduce_scatter, timeout=CHECK_TIMEOUT_S, *, rng):
     """ring_reduce_scatter(x) must return, on rank r, chunk r of x.tensor_split(world_size)
     summed over every rank's x, from send/recv only, leaving x as it was."""
     __tracebackhide__ = True
     cases = []
-    for i, (n, shape, dtype) in enumerate(RING_CASES):
-        xs = [whole_numbers(shape, dtype, seed=100 * i + r) for r in range(n)]
+    for n, shape, dtype in RING_CASES + [_drawn_ring_case(rng)]:
+        xs = [whole_numbers(shape, dtype, seed=rng.randrange(2**31)) for _ in range(n)]
         bounds = chunk_bounds(xs[0].numel(), n)
         where = (f"ring_reduce_scatter on {n} ranks, x: {describe(xs[0])} in chunks of "
                  f"{sizes(bounds)}")
@@ -128,13 +138,14 @@ def _explain_reduce_scatter(got, case, rank):
 
 # ---------------------------------------------------------------- exercise 2: all-gather
 
-def check_ring_all_gather(ring_all_gather, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_ring_all_gather(ring_all_gather, timeout=CHECK_TIMEOUT_S, *, rng):
     """ring_all_gather(chunk, numel) must return, on every rank, the numel elements whose chunk c
     (of tensor_split(world_size)) is rank c's chunk, from send/recv only, leaving chunk as is."""
     __tracebackhide__ = True
     cases = []
-    for i, (n, shape, dtype) in enumerate(RING_CASES):
-        whole = whole_numbers(shape, dtype, seed=100 * i)
+    for n, shape, dtype in RING_CASES + [_drawn_ring_case(rng)]:
+        whole = whole_numbers(shape, dtype, seed=rng.randrange(2**31))
         bounds = chunk_bounds(whole.numel(), n)
         where = (f"ring_all_gather(chunk, numel={whole.numel()}) on {n} ranks, "
                  f"{dtype_name(dtype)} chunks of {sizes(bounds)}")
@@ -188,13 +199,14 @@ def _explain_all_gather(got, expected, case, rank):
 
 # ---------------------------------------------------------------- exercise 3: all-reduce
 
-def check_ring_all_reduce(ring_all_reduce, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_ring_all_reduce(ring_all_reduce, timeout=CHECK_TIMEOUT_S, *, rng):
     """ring_all_reduce(tensor) must make every rank's tensor the sum of all ranks' tensors, in
     place like dist.all_reduce, for any shape, from send/recv only."""
     __tracebackhide__ = True
     cases = []
-    for i, (n, shape, dtype) in enumerate(ALL_REDUCE_CASES):
-        xs = [whole_numbers(shape, dtype, seed=100 * i + r + 50) for r in range(n)]
+    for n, shape, dtype in ALL_REDUCE_CASES + [_drawn_ring_case(rng, matrix=True)]:
+        xs = [whole_numbers(shape, dtype, seed=rng.randrange(2**31)) for _ in range(n)]
         bounds = chunk_bounds(xs[0].numel(), n)
         flat = ", flattened," if len(shape) > 1 else ""
         where = (f"ring_all_reduce on {n} ranks, tensor: {describe(xs[0])}{flat} in chunks of "
@@ -271,11 +283,14 @@ TIME_HINT = ("count the steps and the bytes each rank sends: the reduce-scatter,
              "all-gather; each step sends one chunk of S/n bytes and pays alpha once")
 
 
-def check_all_reduce_time(all_reduce_time):
+@fresh_cases
+def check_all_reduce_time(all_reduce_time, *, rng):
     """all_reduce_time(nbytes, world_size, alpha, beta) must return the seconds the alpha-beta
     model gives a ring all-reduce, without the lesson's predict_time."""
     __tracebackhide__ = True
-    for nbytes, n, alpha, beta in TIME_CASES:
+    drawn = [(rng.randint(10**3, 10**10), rng.randint(2, 2048), rng.uniform(1e-6, 1e-4),
+              1 / rng.uniform(1e9, 1e12)) for _ in range(2)]
+    for nbytes, n, alpha, beta in TIME_CASES + drawn:
         where = (f"all_reduce_time(nbytes={nbytes:,}, world_size={n}, alpha={alpha:g}, "
                  f"beta={beta:g})")
         got = _answer(all_reduce_time, (nbytes, n, alpha, beta), where)
@@ -287,7 +302,7 @@ def check_all_reduce_time(all_reduce_time):
             fail(where, None, f"returned {got:.6g} s, the alpha-beta model of a ring all-reduce "
                               f"gives {expected:.6g} s",
                  _time_hint(all_reduce_time, got, expected, nbytes, n))
-    print(f"all_reduce_time: passed on {len(TIME_CASES)} cases (4 to 1000 ranks, 4 KB to 1 GB), "
+    print(f"all_reduce_time: passed on {len(TIME_CASES) + len(drawn)} cases (4 to 1000 ranks, 4 KB to 1 GB), "
           "equal to the alpha-beta model")
 
 

@@ -39,6 +39,9 @@ The API:
   hint)` for anything else. All raise `CheckFailed`, an `AssertionError`, so a grader cell fails
   and nbval records it; its first line is what the gradebook shows.
 - `random_tensor(shape, dtype, seed)` and `describe(tensor)` for inputs and messages.
+- `@fresh_cases`: the check draws its cases from `rng`, seeded afresh on every run (a student
+  cannot tabulate the answers), keeping fixed edge cases first; a failure names the seed, and
+  `check_x(fn, seed=S)` repeats the run.
 - For exercises that are formulas, not ranks: `call_in_process(fn, args, exercise=, where=,
   guard=)` runs the student's function here and turns what it raises into `CheckFailed`;
   `replaced(namespaces, [(original, stand_in)])` with `refusal(what, why)` as the stand-in makes
@@ -48,6 +51,9 @@ The API:
 """
 
 import contextlib
+import functools
+import random
+import secrets
 
 import torch
 import torch.distributed as dist
@@ -137,18 +143,17 @@ class StudentCode:
             return self.fn(*args, **kwargs)
 
 
-_STUB = "raised NotImplementedError"
-
-
 def _explain(exercise, where, hint, error):
-    summary = error.failures.get(error.rank, str(error).splitlines()[0])
-    if "ForbiddenCall: " in summary:
-        return f"{where}: rank {error.rank} {summary.split('ForbiddenCall: ', 1)[1]}"
+    """The CheckFailed message for a launch that failed, from the culprit's `RankOutcome`."""
+    outcome = error.outcome
+    if outcome is not None and outcome.raised(ForbiddenCall):
+        return f"{where}: rank {error.rank} {outcome.message}"
     # The stub that `dlcourse exercises build` writes, not a NotImplementedError from torch.
-    if summary == _STUB or summary.startswith(_STUB + ": Hint:"):
-        said = summary[len(_STUB) + 2:]  # "Hint: ..." or nothing
+    if (outcome is not None and outcome.exception == "NotImplementedError"
+            and (not outcome.message or outcome.message.startswith("Hint:"))):
         return (f"{exercise} is not written yet: replace its `raise NotImplementedError` line "
-                f"with your code. {said}").rstrip()
+                f"with your code. {outcome.message}").rstrip()
+    summary = outcome.summary if outcome is not None else str(error).splitlines()[0]
     hint = f"\nHint: {hint}" if hint else ""
     return f"{where}: rank {error.rank} {summary}{hint}\n\n{error.traceback}"
 
@@ -158,6 +163,25 @@ def _in_rank(student, rank_args, harness):
     args = rank_args[dist.get_rank()]
     value = harness(student, *args) if harness else student(*args)
     return value, args
+
+
+def fresh_cases(check):
+    """Give `check(fn, ..., rng)` a `seed=None` argument instead of `rng`: each run draws a
+    fresh seed, so the cases (sizes, world sizes, values) cannot be known in advance, and a
+    failure ends by naming the seed that repeats them."""
+
+    @functools.wraps(check)
+    def run(fn, *args, seed=None, **kwargs):
+        __tracebackhide__ = True
+        seed = secrets.randbelow(2**31) if seed is None else seed
+        try:
+            return check(fn, *args, rng=random.Random(seed), **kwargs)
+        except CheckFailed as error:
+            again = (f"\n(cases drawn from seed {seed}: {check.__name__}(your_function, "
+                     f"seed={seed}) draws the same ones again)")
+            raise CheckFailed(str(error) + again).with_traceback(None) from error.__cause__
+
+    return run
 
 
 def expect_callable(fn, exercise):

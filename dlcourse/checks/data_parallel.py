@@ -29,9 +29,10 @@ import torch.distributed as dist
 
 import dlcourse.parallel.data.compare as compare
 from dlcourse.checks.buckets import check_all_reduce_buckets, check_make_buckets
-from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, run_on_ranks
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases,
+                                  run_on_ranks)
 from dlcourse.checks.replicas import (
-    OPTIMIZERS, SEED, Watch, batch, build, combine, count,
+    MODELS, OPTIMIZERS, Watch, batch, build, combine, count,
     expect_gradients_reduced, expect_weights, explain_step, gradient_at, loss_of, optimizer,
     refuse_library, refusing, shards, snapshot, whole_batch,
 )
@@ -53,26 +54,30 @@ BROADCAST_HINT = ("every rank built its model from its own random seed, as separ
                   "dist.broadcast(p.data, src=0, group=group) for each, in the same order")
 
 
-def check_broadcast_parameters(broadcast_parameters, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_broadcast_parameters(broadcast_parameters, timeout=CHECK_TIMEOUT_S, *, rng):
     """broadcast_parameters(model, group) must leave every rank with rank 0's parameters, when
     every rank built its model from a different seed."""
     __tracebackhide__ = True
     expect_callable(broadcast_parameters, "broadcast_parameters")
-    for W, name in BROADCAST_CASES:
+    cases = BROADCAST_CASES + [(rng.randint(2, 4), rng.choice(list(MODELS)))]
+    for W, name in cases:
         where = f"broadcast_parameters on {W} ranks, {name}, each rank from its own seed"
+        first = rng.randrange(2**31)  # rank r builds its model from seed first + r
         outcomes = run_on_ranks(broadcast_parameters, [()] * W, exercise="broadcast_parameters",
                                 where=where, hint=BROADCAST_HINT, timeout=timeout,
-                                harness=partial(_broadcast_in_rank, name), guard=refuse_library)
-        starts = [snapshot(build(name, seed=SEED + r)) for r in range(W)]
+                                harness=partial(_broadcast_in_rank, name, first),
+                                guard=refuse_library)
+        starts = [snapshot(build(name, seed=first + r)) for r in range(W)]
         for rank, (weights, _) in enumerate(outcomes):
             _expect_broadcast(weights, starts, rank, where)
-    print(f"broadcast_parameters: passed on {len(BROADCAST_CASES)} cases (4, 3, 2 ranks; tied "
+    print(f"broadcast_parameters: passed on {len(cases)} cases (4, 3, 2 ranks; tied "
           "GPT, MLP, a frozen parameter), every rank holds rank 0's weights")
 
 
-def _broadcast_in_rank(name, broadcast_parameters):
+def _broadcast_in_rank(name, first, broadcast_parameters):
     """Runs in every rank: its own random start, then the student's broadcast."""
-    model = build(name, seed=SEED + dist.get_rank())
+    model = build(name, seed=first + dist.get_rank())
     broadcast_parameters(model, dist.group.WORLD)
     return snapshot(model)
 
@@ -115,23 +120,27 @@ STEP_HINT = ("zero the gradients; backward on the rank's mean loss weighted by n
              "None); then optimizer.step()")
 
 
-def check_data_parallel_step(data_parallel_step, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_data_parallel_step(data_parallel_step, timeout=CHECK_TIMEOUT_S, *, rng):
     """data_parallel_step(model, optimizer, x, y, loss_fn, group), called on every rank with its
     shard (x, y) of a batch, must leave every rank with the weights one process gets from the
     same step on the whole batch."""
     __tracebackhide__ = True
     expect_callable(data_parallel_step, "data_parallel_step")
-    for i, case in enumerate(STEP_CASES):
-        _check_step_case(data_parallel_step, case, i, timeout)
-    print(f"data_parallel_step: passed on {len(STEP_CASES)} cases (4, 3, 2 ranks; MLP, tied "
+    W = rng.randint(2, 4)
+    cases = STEP_CASES + [StepCase(W, rng.choice(list(MODELS)),
+                                   tuple(rng.randint(1, 5) for _ in range(W)), "SGD")]
+    for case in cases:
+        _check_step_case(data_parallel_step, case, rng.randrange(2**31), timeout)
+    print(f"data_parallel_step: passed on {len(cases)} cases (4, 3, 2 ranks; MLP, tied "
           "GPT, parameters without gradients; equal and unequal shards; SGD and AdamW), equal "
           "to one process on the whole batch")
 
 
-def _check_step_case(data_parallel_step, case, i, timeout):
+def _check_step_case(data_parallel_step, case, seed, timeout):
     __tracebackhide__ = True
     n, W = sum(case.shards), case.world_size
-    batches = [batch(case.model, n, seed=100 * i + k) for k in range(case.steps)]
+    batches = [batch(case.model, n, seed=seed + k) for k in range(case.steps)]
     where = (f"data_parallel_step on {W} ranks, {case.model}, {n} samples in shards of "
              f"{_sizes(case.shards)}, {case.optimizer}")
     steps = [shards(b, case.shards) for b in batches]  # steps[k][r]: rank r's (x, y) in step k
@@ -225,24 +234,28 @@ ACCUMULATE_HINT = ("zero the gradients once; run forward and backward of every m
                    "optimizer.step()")
 
 
-def check_accumulate_step(accumulate_step, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_accumulate_step(accumulate_step, timeout=CHECK_TIMEOUT_S, *, rng):
     """accumulate_step(model, optimizer, micro_batches, loss_fn) with a data-parallel model
     (the lesson's DataParallel or torch DDP) must take the step one process takes on every
     rank's micro-batches together, synchronising once, after the last micro-batch."""
     __tracebackhide__ = True
     expect_callable(accumulate_step, "accumulate_step")
-    for i, case in enumerate(ACCUMULATE_CASES):
-        _check_accumulate_case(accumulate_step, case, i, timeout)
-    print(f"accumulate_step: passed on {len(ACCUMULATE_CASES)} cases (4, 3, 2 ranks; MLP and "
+    drawn = AccumulateCase(rng.randint(2, 4), rng.choice(["MLP", "tied GPT"]), "DataParallel",
+                           tuple(rng.randint(1, 3) for _ in range(rng.randint(2, 3))), 0.0001)
+    cases = ACCUMULATE_CASES + [drawn]
+    for case in cases:
+        _check_accumulate_case(accumulate_step, case, rng.randrange(2**31), timeout)
+    print(f"accumulate_step: passed on {len(cases)} cases (4, 3, 2 ranks; MLP and "
           "tied GPT; the lesson's DataParallel and torch DDP; equal and unequal micro-batches), "
           "equal to one process on the whole batch, one synchronisation per step")
 
 
-def _check_accumulate_case(accumulate_step, case, i, timeout):
+def _check_accumulate_case(accumulate_step, case, seed, timeout):
     __tracebackhide__ = True
     W, sizes = case.world_size, case.micro_batches
     per_rank = sum(sizes)
-    batches = [batch(case.model, W * per_rank, seed=500 + 10 * i + k) for k in range(case.steps)]
+    batches = [batch(case.model, W * per_rank, seed=seed + k) for k in range(case.steps)]
     # micro[k][r][j]: micro-batch j of rank r in step k
     micro = [[shards(s, sizes) for s in shards(b, [per_rank] * W)] for b in batches]
     where = (f"accumulate_step on {W} ranks, {case.model} in {case.wrapper}, micro-batches of "

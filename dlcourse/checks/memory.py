@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 
 import dlcourse.memory
-from dlcourse.checks.core import call_in_process, fail, refusal, replaced
+from dlcourse.checks.core import call_in_process, fail, fresh_cases, refusal, replaced
 from dlcourse.memory import (MemoryParts, SavedTensorLog, count_params, estimate_gpt_step,
                              gpt_saved_tensors, measure_step, model_state_bytes, param_shapes,
                              spec_params)
@@ -110,11 +110,13 @@ COUNT_HINT = ("print the parameters of a tiny model, `for n, p in GPT(GPTConfig(
               "tie_embeddings both ways, and count each from the config")
 
 
-def check_count_params(count_gpt_params):
+@fresh_cases
+def check_count_params(count_gpt_params, *, rng):
     """count_gpt_params(config) must return Ψ of GPT(config) exactly, for any GPTConfig, counted
     from the config alone (no model built, no dlcourse.memory.count_params)."""
     __tracebackhide__ = True
-    for config in COUNT_CASES:
+    cases = COUNT_CASES + [_drawn_config(rng) for _ in range(2)]
+    for config in cases:
         expected = sum(p.numel() for p in GPT(config).parameters())  # a tied weight: once
         where = f"count_gpt_params({_describe_config(config)})"
         got = _answer(count_gpt_params, (config,), exercise="count_gpt_params", where=where,
@@ -127,8 +129,16 @@ def check_count_params(count_gpt_params):
             fail(where, None, f"returned {_num(got)} parameters, the model has {_num(expected)}: "
                               f"{_num(abs(off))} too {'many' if off > 0 else 'few'}",
                  _count_hint(config, off))
-    print(f"count_gpt_params: passed on {len(COUNT_CASES)} configs (biases and tied output "
+    print(f"count_gpt_params: passed on {len(cases)} configs (biases and tied output "
           "layer both ways), each equal to the real model's sum(p.numel())")
+
+
+def _drawn_config(rng):
+    """A GPTConfig of random small sizes, biases and tying drawn too."""
+    heads = rng.randint(1, 4)
+    return GPTConfig(vocab_size=rng.randint(5, 120), seq_len=rng.randint(2, 16),
+                     n_layers=rng.randint(1, 4), n_heads=heads, hidden=heads * rng.randint(2, 8),
+                     bias=rng.random() < 0.5, tie_embeddings=rng.random() < 0.5)
 
 
 def _count_hint(config, off):
@@ -176,11 +186,14 @@ ZERO_HINT = ("bytes per parameter: mixed precision keeps 2 (fp16 weights) + 2 (f
              "optimizer state by N_d, stage 2 the gradients too, stage 3 the parameters too")
 
 
-def check_zero_model_state(zero_model_state):
+@fresh_cases
+def check_zero_model_state(zero_model_state, *, rng):
     """zero_model_state(n_params, dp, zero_stage, mixed_precision) must return the bytes one of
     dp ranks keeps, {"params": ..., "grads": ..., "optimizer": ...}, by ZeRO's accounting."""
     __tracebackhide__ = True
-    for n_params, dp, stage, mixed in ZERO_CASES:
+    cases = ZERO_CASES + [(rng.randint(10**5, 10**10), rng.randint(2, 128), stage,
+                           rng.random() < 0.5) for stage in range(4)]
+    for n_params, dp, stage, mixed in cases:
         where = (f"zero_model_state(n_params={n_params:,}, dp={dp}, zero_stage={stage}, "
                  f"mixed_precision={mixed})")
         got = _answer(zero_model_state, (n_params, dp, stage, mixed), exercise="zero_model_state",
@@ -194,7 +207,7 @@ def check_zero_model_state(zero_model_state):
             if abs(got[part] - want) > ZERO_TOLERANCE_BYTES:
                 fail(where, None, f"{part} is {_num(got[part])} bytes per rank, expected "
                                   f"{_num(want)}", _zero_hint(part, got[part], want, dp, stage))
-    print(f"zero_model_state: passed on {len(ZERO_CASES)} cases (stages 0-3, mixed precision "
+    print(f"zero_model_state: passed on {len(cases)} cases (stages 0-3, mixed precision "
           "and fp32, 1 to 64 ranks)")
 
 
@@ -243,12 +256,16 @@ MLP_HINT = ("for each op of h -> fc -> GELU -> proj -> dropout, ask what its bac
             "print `log.records`")
 
 
-def check_mlp_activations(mlp_activation_bytes):
+@fresh_cases
+def check_mlp_activations(mlp_activation_bytes, *, rng):
     """mlp_activation_bytes(batch, seq_len, hidden, dropout, dtype) must return the bytes of the
     tensors the course GPT's MLP block (`dlcourse.models.MLPBlock`), in `dtype` on CPU, saves
     for backward in training mode: what SavedTensorLog measures."""
     __tracebackhide__ = True
-    for batch, seq_len, hidden, dropout, dtype in MLP_CASES:
+    drawn = (rng.randint(1, 6), rng.randint(1, 12), rng.randint(2, 32), rng.choice((0.0, 0.2)),
+             rng.choice((torch.float32, torch.float64, torch.bfloat16)))
+    cases = MLP_CASES + [drawn]
+    for batch, seq_len, hidden, dropout, dtype in cases:
         args = (batch, seq_len, hidden, dropout, dtype)
         where = (f"mlp_activation_bytes(batch={batch}, seq_len={seq_len}, hidden={hidden}, "
                  f"dropout={dropout}, dtype={dtype})")
@@ -263,7 +280,7 @@ def check_mlp_activations(mlp_activation_bytes):
             fail(where, None, f"returned {_num(got)} bytes, the block saved {_num(expected)}",
                  f"counted in (B, T, h) tensors of {dtype.itemsize}-byte values, yours is "
                  f"{got / unit:g} of them, the block's {expected / unit:g}; {MLP_HINT}")
-    print(f"mlp_activation_bytes: passed on {len(MLP_CASES)} shapes (dropout on and off; "
+    print(f"mlp_activation_bytes: passed on {len(cases)} shapes (dropout on and off; "
           "float32, bfloat16, float64), each equal to a SavedTensorLog measurement")
 
 
