@@ -48,11 +48,13 @@ def test_an_unsolved_notebook_fails_exactly_at_its_grader_cells(exercise):
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
 def test_grader_cells_call_the_check_module_named_after_their_notebook(solution):
-    """solutions/NN_topic.ipynb's grader cells import their checks from dlcourse.checks.topic."""
+    """solutions/NN_topic.ipynb's grader cells import their checks from dlcourse.checks.topic
+    (and its last cell `check_all` from dlcourse.checks.summary, which runs them all)."""
     topic = solution.stem.split("_", 1)[1]
     nb = read(solution)
     imported = {line.split()[1] for cell in nb.cells if cell.cell_type == "code"
                 for line in cell.source.splitlines() if line.startswith("from dlcourse.checks")}
+    imported.discard("dlcourse.checks.summary")
     assert imported == {f"dlcourse.checks.{topic}"}, (
         f"{solution.name} imports its checks from {sorted(imported)}; "
         f"expected dlcourse.checks.{topic} only")
@@ -66,3 +68,10 @@ def test_the_library_never_imports_the_checks():
             continue
         text = path.read_text(encoding="utf-8")
         assert "import dlcourse.checks" not in text and "from dlcourse.checks" not in text, path
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
+def test_every_exercise_notebook_ends_with_check_all_for_itself(solution):
+    last = [c for c in read(solution).cells if c.cell_type == "code"][-1]
+    assert f'check_all(globals(), "{solution.stem}")' in last.source, (
+        f"{solution.name}: end with a cell calling check_all(globals(), \"{solution.stem}\")")

@@ -1,0 +1,61 @@
+"""Every exercise of a notebook checked at once, from inside it (otter-grader's `check_all()`).
+
+Under Run All a notebook stops at the first grader cell that fails, so a student sees one
+message. The last cell of each exercise notebook calls
+
+    from dlcourse.checks.summary import check_all
+    check_all(globals(), "00_launch")
+
+which runs each grader cell of the released `exercises/00_launch.ipynb` (its code and points,
+read with the grading engine's `grader_cells`) against the functions defined in this kernel,
+and prints one table: exercise, points, and the first line of each failure. Nothing stops at a
+failure, and the grader cells themselves stay as they are for `dlcourse grade`.
+"""
+
+import contextlib
+import io
+from pathlib import Path
+
+from dlcourse.grading.notebooks import grader_cells, read
+
+COURSE = Path(__file__).resolve().parents[2]  # the course folder: exercises/ is here
+
+
+def check_all(namespace, notebook, out=print):
+    """Run every grader of exercises/<notebook>.ipynb with `namespace` (the notebook's globals);
+    print and return [(exercise, points earned, points possible, first line or 'passed')]."""
+    path = COURSE / "exercises" / f"{notebook}.ipynb"
+    if not path.exists():
+        raise FileNotFoundError(f"no exercise notebook {path}: name it as in exercises/, e.g. "
+                                "check_all(globals(), '00_launch')")
+    nb = read(path)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    rows = [_run(g, code[g.code_cell], namespace) for g in grader_cells(nb)]
+    out(format_rows(rows))
+    return rows
+
+
+def _run(grader, source, namespace):
+    """One grader cell's code, in a copy of the student's globals, its printing kept quiet."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(source, f"<grader {grader.exercise}>", "exec"), dict(namespace))
+    except NameError as error:
+        return (grader.exercise, 0, grader.points,
+                f"{error}: run the cell that defines it first")
+    except Exception as error:  # a CheckFailed, or the student's own error
+        first = (str(error).splitlines() or [type(error).__name__])[0]
+        return grader.exercise, 0, grader.points, first
+    return grader.exercise, grader.points, grader.points, "passed"
+
+
+def format_rows(rows, width=100):
+    """The table: one line per exercise, the failure's first line cut to fit, then the total."""
+    name = max([len("exercise")] + [len(r[0]) for r in rows])
+    lines = [f"{'exercise'.ljust(name)}  points  result"]
+    for exercise, got, possible, result in rows:
+        text = result if len(result) <= width - name - 10 else result[:width - name - 13] + "..."
+        lines.append(f"{exercise.ljust(name)}  {got:>2} / {possible:<2} {text}")
+    total, possible = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    lines.append(f"{'total'.ljust(name)}  {total:>2} / {possible:<2}")
+    return "\n".join(lines)
