@@ -50,8 +50,9 @@ def _sizes(sizes):
 
 BROADCAST_CASES = [(4, "tied GPT"), (3, "MLP with idle parameters"), (2, "MLP")]
 BROADCAST_HINT = ("every rank built its model from its own random seed, as separate processes "
-                  "do: copy rank 0's value into every parameter (frozen ones too) on every rank, "
-                  "dist.broadcast(p.data, src=0, group=group) for each, in the same order")
+                  "do: copy the group's first rank's value into every parameter (frozen ones "
+                  "too) on every rank, broadcasting each p.data from it in the same order; "
+                  "dist.broadcast names it by its global rank, dist.get_global_rank(group, 0)")
 
 
 @fresh_cases
