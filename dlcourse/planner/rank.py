@@ -51,9 +51,10 @@ def plan(work, cluster, advise=True, **choices):
     """Estimate every valid layout of `work` on `cluster` (`choices` narrow `layouts`'s)."""
     estimates = [estimate(work, L, cluster) for L in layouts(work, cluster, **choices)]
     if not estimates:
-        raise ValueError(f"no layout of {cluster.n_gpus} GPUs can split a batch of "
-                         f"{work.sequences:,} sequences for {work.model.name}: make the "
-                         "sequences a multiple of the GPU count's data-parallel sizes")
+        raise ValueError(f"no layout of {cluster.n_gpus} GPUs splits a batch of "
+                         f"{work.sequences:,} sequences of {work.model.name}: every layout needs "
+                         "dp x micro-batch x micro-batches = the sequences, at least pp "
+                         "micro-batches, and tp within a node; use a larger batch or fewer GPUs")
     fitting = sorted((e for e in estimates if e.fits),
                      key=lambda e: (e.dollars_per_m_tokens, simplicity(e.layout)))
     result = Plan(work, cluster, fitting, min(estimates, key=lambda e: e.memory))
