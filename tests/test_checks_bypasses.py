@@ -157,3 +157,22 @@ def test_the_same_seed_draws_the_same_cases(capsys):
     check_zero_model_state(lambda *a: seen.append(a) or zero_model_state(*a))  # a fresh seed
     assert seen[0] == seen[1] and len(seen[0]) == 12
     assert seen[2:] != seen[0]
+
+
+def step_all_reduces_every_grad(model, optimizer, x, y, loss_fn, group):  # even None ones
+    optimizer.zero_grad()
+    n = torch.tensor([float(len(x))])
+    dist.all_reduce(n, group=group)
+    (loss_fn(model(x), y) * (len(x) / n.item())).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad, group=group)
+    optimizer.step()
+
+
+def test_a_none_gradient_given_to_a_collective_is_named_on_the_first_line():
+    from dlcourse.checks.data_parallel import check_data_parallel_step
+    with pytest.raises(CheckFailed) as failed:
+        check_data_parallel_step(step_all_reduces_every_grad)
+    first = str(failed.value).splitlines()[0]
+    assert "raised TypeError: dist.all_reduce was given None instead of a tensor: a " \
+           "parameter's .grad is None until backward computes one" in first

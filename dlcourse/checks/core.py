@@ -60,7 +60,8 @@ import torch.distributed as dist
 
 import dlcourse
 from dlcourse import pickling
-from dlcourse.checks.refuse import ForbiddenCall, Refused, forbidden, refusal, replaced  # noqa: F401
+from dlcourse.checks.refuse import (ForbiddenCall, Refused, forbidden, none_named,  # noqa: F401
+                                    refusal, replaced)
 from dlcourse.errors import RankError, RankTimeout
 
 # A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
@@ -126,7 +127,7 @@ class StudentCode:
     def guarded(self):
         """The exercise's refusals, active; a copy of a refused function that the student's
         function holds (made before the guard, or rebuilt by pickling) is refused too."""
-        with forbidden(self.forbid, self.why_forbidden), \
+        with forbidden(self.forbid, self.why_forbidden), none_named(), \
                 (self.guard() if self.guard else contextlib.nullcontext()) as refused:
             _refuse_copies(refused, self.fn)
             yield
