@@ -44,7 +44,15 @@ def test_ratio_labels_are_measured_over_estimated():
 
 def test_fit_plot_marks_every_card():
     ax = plot_fit({"x": MemoryParts(params=5e9)}, cards=(24, 80), title="t")
-    assert [t.get_text() for t in ax.texts] == ["24 GB", "80 GB"]
+    texts = [t.get_text() for t in ax.texts]
+    assert [t for t in texts if t.endswith(" GB") and not t.startswith(" ")] == ["24 GB", "80 GB"]
+    assert " 5.00 GB" in texts  # the bar's total, written at its end
+
+
+def test_fit_plot_writes_a_part_inside_its_segment_only_where_it_has_room():
+    ax = plot_fit({"x": MemoryParts(params=30e9, grads=1e9)}, cards=(80,), title="t")
+    texts = [t.get_text() for t in ax.texts]
+    assert "30.0" in texts and "1.0" not in texts  # 1 GB is under a tenth of the 80 GB axis
 
 
 def test_show_setting_reports_the_calculator_numbers(capsys):

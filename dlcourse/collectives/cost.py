@@ -77,6 +77,8 @@ ALGORITHMS = {
         # the root's link carries (n-1) x S each way, one message after another.
         Algorithm("naive all_reduce", lambda n: 2 * (n - 1), lambda s, n: 2 * (n - 1) * s),
         # a binomial tree doubles the ranks holding the data each round: log2(n) rounds of S.
+        # Not pipelined, so 2 log2(n) x S for an all-reduce. nccl's trees are pipelined
+        # double binary trees: pieces of S stream through them, about the ring's bytes per link.
         Algorithm("tree broadcast", _log2, lambda s, n: _log2(n) * s),
         Algorithm("tree reduce", _log2, lambda s, n: _log2(n) * s),
         Algorithm("tree all_reduce", lambda n: 2 * _log2(n), lambda s, n: 2 * _log2(n) * s),

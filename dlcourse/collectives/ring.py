@@ -107,8 +107,9 @@ def ring_all_gather(tensor_list, tensor, group=None):
 
 
 def ring_reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None):
-    """Like `dist.reduce_scatter_tensor`: `input` holds n equal chunks one after another (dim 0
-    concatenated or stacked), and rank r's `output` becomes chunk r reduced over the ranks."""
+    """Like `dist.reduce_scatter_single` (`reduce_scatter_tensor` before torch 2.13): `input`
+    holds n equal chunks one after another (dim 0 concatenated or stacked), and rank r's
+    `output` becomes chunk r reduced over the ranks."""
     who = "ring_reduce_scatter_tensor"
     rank, world_size = rank_in(group, who)
     check_contiguous(input, "input", who)
@@ -119,8 +120,8 @@ def ring_reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None):
 
 
 def ring_all_gather_into_tensor(output_tensor, input_tensor, group=None):
-    """Like `dist.all_gather_into_tensor`: output_tensor holds every rank's input_tensor, in rank
-    order (dim 0 concatenated or stacked)."""
+    """Like `dist.all_gather_single` (`all_gather_into_tensor` before torch 2.13): output_tensor
+    holds every rank's input_tensor, in rank order (dim 0 concatenated or stacked)."""
     who = "ring_all_gather_into_tensor"
     rank, world_size = rank_in(group, who)
     check_contiguous(output_tensor, "output_tensor", who)

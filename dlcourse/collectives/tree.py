@@ -3,7 +3,9 @@
 Binomial tree: number the ranks from the root (position 0). In round k = 0, 1, ... every rank
 that already holds the data (positions below 2^k) sends it to the rank 2^k positions further on.
 The holders double each round, so broadcast takes ceil(log2 n) rounds of the whole tensor.
-Reduce runs the same tree backwards, leaves first.
+Reduce runs the same tree backwards, leaves first. This is the textbook tree, not nccl's: nccl
+pipelines small pieces of the tensor through two complementary binary trees, so its links carry
+about as many bytes as a ring's, where this one sends the whole tensor every round.
 
 Naive all-reduce: every rank sends its tensor to the root, which reduces them one after another
 and sends the result back to each rank: 2(n - 1) messages of the whole tensor through the root's

@@ -4,6 +4,7 @@
 - `measure`: what a real step holds, read from the tensors: `measure_model_state`,
   `measure_step`, `SavedTensorLog` (through `torch.autograd.graph.saved_tensors_hooks`).
 - `estimate`: the course GPT's saved tensors listed one by one: `estimate_gpt_step`.
+- `peak`: the true peak of a step, every allocation counted (`measure_peak`).
 - `recompute`: activation checkpointing (`checkpoint_blocks`) and its cost (`step_flops`).
 - `offload`: optimizer state in host memory (`OffloadAdamW`, `offload_bytes`).
 - `calculator`: bytes per GPU for GPT-2 and Llama 2 (`memory_per_gpu`, `REAL_MODELS`).
@@ -16,6 +17,7 @@ from dlcourse.memory.estimate import estimate_gpt_step, gpt_saved_tensors
 from dlcourse.memory.measure import (SavedTensorLog, StepMemory, cuda_memory, measure_model_state,
                                      measure_step, storage_bytes)
 from dlcourse.memory.offload import OffloadAdamW, offload_bytes
+from dlcourse.memory.peak import PeakMemory, measure_peak
 from dlcourse.memory.recompute import checkpoint_blocks, step_flops
 
 __all__ = [
@@ -23,5 +25,6 @@ __all__ = [
     "REAL_MODELS", "fits", "memory_per_gpu", "spec_params",
     "estimate_gpt_step", "gpt_saved_tensors",
     "SavedTensorLog", "StepMemory", "cuda_memory", "measure_model_state", "measure_step",
-    "storage_bytes", "OffloadAdamW", "offload_bytes", "checkpoint_blocks", "step_flops",
+    "storage_bytes", "OffloadAdamW", "PeakMemory", "measure_peak", "offload_bytes",
+    "checkpoint_blocks", "step_flops",
 ]

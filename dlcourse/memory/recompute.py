@@ -6,10 +6,14 @@
 `torch.utils.checkpoint` runs a block's forward without saving anything inside it, keeps the
 block's input, and runs the forward again during backward to rebuild what the gradient needs.
 This is Korthikanti et al.'s "full" recomputation: per layer 2sbh bytes in 16-bit (the input),
-paid for with one more forward pass of every block, or nearly: torch stops the rerun as soon as
-it has rebuilt every tensor backward needs, so a block's last matmul (the MLP's output
-projection) is not run again. torchtitan's `apply_ac` and torch's
-`apply_activation_checkpointing` wrap blocks the same way.
+paid for with one more forward pass of every checkpointed block, or nearly. torch's
+non-reentrant checkpoint stops the rerun as soon as the last tensor backward needs has been saved
+again. A matmul saves its inputs before it computes, so in a block that ends with the MLP's output
+projection (dropout 0) the rerun stops before that matmul. With dropout after the projection
+(lesson 01 uses 0.1) the last saved tensor is the dropout's mask, and the rerun is the block's
+whole forward: `step_flops` counts exactly n_layers block forwards more. Layers outside the
+checkpointed blocks (the output layer) are not rerun, so a step costs less than a third more.
+torchtitan's `apply_ac` and torch's `apply_activation_checkpointing` wrap blocks the same way.
 """
 
 import torch.nn as nn

@@ -4,7 +4,7 @@
     plot_ring_step(trace, index, ax)        one step of a ring all-reduce (the widget's frame)
     plot_ring_steps(trace)                  every step of it, one small panel each
     plot_times(sizes, measured, modelled)   seconds against bytes, measured dots, model lines
-    plot_busbw(sizes, measured, world_size) nccl-tests' bus bandwidth against bytes
+    plot_busbw(sizes, measured, world_size, link_bandwidth)  nccl-tests' bus bandwidth, 1/beta line
     plot_scaling(measured, modelled)        time against the number of ranks, per algorithm
 
 A cell is coloured by the ranks whose values it contains (`collectives.demo.contributors`): one
@@ -19,6 +19,7 @@ from dlcourse.collectives.demo import contributors
 
 RANK_COLOURS = plt.get_cmap("tab10").colors
 DPI = 75
+GUTTER = 1.6  # cell widths right of a ring frame for the arrows of what each rank sent
 
 
 def rank_colour(rank):
@@ -51,8 +52,9 @@ def plot_ring_step(trace, index, ax=None, arrows=True):
     label = trace[0][index][0]
     if arrows and index > 0:
         for rank, per_rank in enumerate(trace):
-            _arrow(ax, rank, (rank + 1) % len(trace), per_rank[index][1], len(trace))
+            _arrow(ax, rank, (rank + 1) % len(trace), per_rank[index][1], len(trace), len(rows[0]))
             _frame(ax, per_rank[index][2], len(trace) - 1 - rank)  # what just arrived
+    ax.set_xlim(0, len(rows[0]) + GUTTER)  # the same width for every frame, arrows or not
     ax.set_title(label, fontsize=10)
     return ax
 
@@ -68,8 +70,8 @@ def plot_ring_steps(trace, columns=4):
             plot_ring_step(trace, index, ax)
         else:
             ax.axis("off")
-    fig.suptitle(f"ring all-reduce on {len(trace)} ranks: an arrow is the chunk a rank sends to "
-                 "the next", fontsize=11)
+    fig.suptitle(f"ring all-reduce on {len(trace)} ranks: dashed, the chunk cN a rank sends to the "
+                 "next (arrow); framed, the chunk that arrived", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -89,12 +91,16 @@ def plot_times(sizes, measured, modelled=None, title="time of one op"):
     return fig
 
 
-def plot_busbw(sizes, measured, world_size, op="all_reduce"):
-    """nccl-tests' bus bandwidth (GB/s) against size, for measured {name: seconds per size}."""
+def plot_busbw(sizes, measured, world_size, op="all_reduce", link_bandwidth=None):
+    """nccl-tests' bus bandwidth (GB/s) against size, for measured {name: seconds per size};
+    `link_bandwidth` (bytes/s, 1 / beta of a fitted alpha-beta model), if given, as a line."""
     fig, ax = plt.subplots(figsize=(6.2, 3.4), dpi=DPI)
     for i, (name, seconds) in enumerate(measured.items()):
         gbps = [busbw(op, s, t, world_size) / 1e9 for s, t in zip(sizes, seconds)]
         ax.plot(sizes, gbps, "o-", color=f"C{i}", label=name)
+    if link_bandwidth is not None:
+        ax.axhline(link_bandwidth / 1e9, color="black", ls="--", lw=0.9,
+                   label=f"1 / beta = {link_bandwidth / 1e9:.2f} GB/s (the link, fitted)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
@@ -155,16 +161,21 @@ def _frame(ax, x, y):
     ax.add_patch(Rectangle((x + 0.04, y + 0.04), 0.92, 0.92, fill=False, edgecolor="black", lw=1.5))
 
 
-def _arrow(ax, rank, to, chunk, world_size):
-    """An arrow from rank's chunk cell down to the next rank's row (wrapping around the ring)."""
+def _arrow(ax, rank, to, chunk, world_size, width):
+    """What rank sent: its chunk cell outlined (dashed, in the rank's colour) and an arrow in the
+    gutter right of the cells, from its row to the next rank's, labelled with the chunk number.
+    The wrap-around from the last rank to rank 0 runs back up the outer side of the gutter."""
     if chunk is None:
         return
     y_from = world_size - 1 - rank + 0.5
     y_to = world_size - 1 - to + 0.5
-    bend = 0.5 if to > rank else -0.9  # the wrap-around from the last rank to rank 0 arcs back
-    ax.add_patch(FancyArrowPatch((chunk + 0.8, y_from), (chunk + 0.8, y_to),
-                                 connectionstyle=f"arc3,rad={bend}", arrowstyle="-|>",
-                                 mutation_scale=9, color=rank_colour(rank), lw=1.2))
+    colour = rank_colour(rank)
+    ax.add_patch(Rectangle((chunk + 0.1, y_from - 0.4), 0.8, 0.8, fill=False, edgecolor=colour,
+                           lw=1.5, ls="--"))
+    x = width + (GUTTER - 0.35 if to < rank else 0.2)
+    ax.add_patch(FancyArrowPatch((x, y_from), (x, y_to), arrowstyle="-|>", mutation_scale=9,
+                                 color=colour, lw=1.2, shrinkA=2, shrinkB=2))
+    ax.text(x + 0.07, (y_from + y_to) / 2, f"c{chunk}", color=colour, fontsize=7, va="center")
 
 
 def _log_axes(ax, xlabel, ylabel):

@@ -101,15 +101,23 @@ def plot_timeline(step, *, title, ax=None):
 
 def plot_fit(models, *, cards, title, ax=None):
     """Horizontal stacked bars of bytes per GPU, {model name: MemoryParts}, with a dashed line
-    at each card's memory (`cards`: sizes in GB)."""
+    at each card's memory (`cards`: sizes in GB); each bar is labelled with its total, and each
+    part wide enough to hold a number with its own GB."""
     ax = _axes(ax, (7, 0.4 * len(models) + 1.5))
     names = list(models)[::-1]  # first model at the top
     left = [0.0] * len(names)
+    largest = max(max(cards), *(models[n].total / 1e9 for n in names))
     for part, (label, colour) in PARTS.items():
         widths = [getattr(models[n], part) / 1e9 for n in names]
         if any(widths):
-            ax.barh(names, widths, left=left, color=colour, label=label)
+            bars = ax.barh(names, widths, left=left, color=colour, label=label)
+            # a part's GB inside its segment where it has room (a tenth of the axis)
+            ax.bar_label(bars, [f"{w:.1f}" if w > largest / 10 else "" for w in widths],
+                         label_type="center", fontsize=7, color="white")
             left = [a + w for a, w in zip(left, widths)]
+    for y, n in enumerate(names):  # every bar's total at its end, so small bars can be read
+        ax.text(left[y], y, f" {models[n].total / 1e9:.2f} GB", va="center", fontsize=7)
+    ax.set_xlim(0, 1.12 * largest)
     for gb in cards:
         ax.axvline(gb, color="black", ls="--", lw=0.8)
         ax.text(gb, 1.01, f"{gb} GB", transform=ax.get_xaxis_transform(), rotation=90,

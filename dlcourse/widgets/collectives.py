@@ -19,11 +19,11 @@ from dlcourse.plots.collectives import DPI, plot_ring_step, plot_ring_steps
 # What happens in each phase, as the caption under the slider says it.
 PHASE_TEXT = {
     "start": "Each rank holds its own tensor, cut into {n} chunks (one per rank).",
-    "reduce-scatter": "Each rank sends one chunk to the next rank, which adds its own copy of "
-                      "that chunk to it (framed). After {last} steps rank r holds chunk r summed "
-                      "over all ranks.",
-    "all-gather": "Each rank passes a complete chunk to the next rank, which copies it into "
-                  "place (framed). After {last} steps every rank holds every complete chunk.",
+    "reduce-scatter": "Each rank sends one chunk (dashed) to the next rank, which adds its own "
+                      "copy of that chunk to it (framed). After {last} steps rank r holds chunk r "
+                      "summed over all ranks.",
+    "all-gather": "Each rank passes a complete chunk (dashed) to the next rank, which copies it "
+                  "into place (framed). After {last} steps every rank holds every complete chunk.",
 }
 
 
@@ -45,7 +45,8 @@ class RingWidget(widgets.VBox):
         self.caption.value = f"<b>{self.trace[0][index][0]}</b>: {self.describe(index)}"
         with self.figure:
             clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(4.6, 0.55 * len(self.trace) + 0.8), dpi=DPI)
+            # 5.6 inches: the chunks and, right of them, the arrows of what each rank sent
+            fig, ax = plt.subplots(figsize=(5.6, 0.55 * len(self.trace) + 0.8), dpi=DPI)
             plot_ring_step(self.trace, index, ax)
             fig.tight_layout()
             display(fig)
