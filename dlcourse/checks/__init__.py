@@ -12,6 +12,10 @@ never imports them either.
     collectives.py    lesson 02, with rings.py (the ring exercises)
     data_parallel.py  lesson 03, with buckets.py and replicas.py (models, whole-batch references,
                       gradient watches, weight comparisons that later lessons' checks reuse)
+    tensor_parallel.py  lesson 04, with tensor_layers.py (the qkv shard, the vocabulary-parallel
+                      loss) and tensor_library.py (refusals, tp sizes drawn per run)
+    zero.py           lesson 05, with zero_steps.py (the sharded step), zero_units.py (a stage-3
+                      unit), zero_cases.py (cases drawn per run) and zero_library.py (refusals)
 
 Import from the module: `from dlcourse.checks.launch import check_gather_all`.
 """

@@ -118,6 +118,89 @@ HINTS = {
         "zero once, run every micro-batch but the last inside no_sync with its loss weighted by "
         "its share of this rank's samples, the last one outside, then step",
     ),
+    # ------------------------------------------------------------ lesson 04: tensor parallel
+    "column_parallel_linear": (
+        "each rank computes some columns of y from the whole x: which collective gives every "
+        "rank every rank's piece?",
+        "compute this rank's y_r = F.linear(x, weight, bias), then all-gather it into a list of "
+        "t tensors shaped like y_r",
+        "the columns of y are the output features: put the gathered pieces side by side along "
+        "the last dim, rank 0's first",
+    ),
+    "row_parallel_linear": (
+        "this rank's columns of W multiply only part of x: which part, and how do the ranks' "
+        "results combine?",
+        "this rank's slice of x is the r-th of t blocks of its last dim; its product with "
+        "weight.T is one term of a sum over the ranks",
+        "all-reduce the terms, then add the bias once, after the all-reduce: added on every "
+        "rank before it, the bias counts t times",
+    ),
+    "MegatronF": (
+        "forward: every rank already holds x; backward: every rank's layer used x, so whose "
+        "gradient is x's gradient?",
+        "forward returns x unchanged (a view of it) and keeps the group in ctx; the gradient "
+        "that reaches backward is only this rank's share",
+        "backward all-reduces a contiguous copy of the gradient over the group kept in ctx and "
+        "returns it, with None for the group",
+    ),
+    "MegatronG": (
+        "forward sums the ranks' terms; what comes after g runs the same on every rank: what "
+        "gradient does each term need?",
+        "forward all-reduces a clone of x over the group (the caller's x keeps its values); the "
+        "sum has slope 1 in each of its terms",
+        "backward returns the incoming gradient as it is, and None for the group; torch's "
+        "differentiable all_reduce would sum it again, t times too large",
+    ),
+    "qkv_shard": (
+        "the fused weight is W_q, W_k and W_v stacked: which rows of each do this rank's heads "
+        "use?",
+        "cut the (3h, h) weight into its three (h, h) parts along dim 0; this rank's heads are "
+        "the r-th of t blocks of rows in each part",
+        "concatenate this rank's block of q, of k and of v along dim 0; cut the bias the same "
+        "way, or return None for it when the layer has none",
+    ),
+    "vocab_parallel_cross_entropy": (
+        "a token's loss needs the max of its logits, its sum of exp and its target's logit: "
+        "which can each rank compute over its own ids, and how do the ranks' parts combine?",
+        "the max combines with an all-reduce of op MAX (detached, it needs no gradient); the sum "
+        "of exp(logit - max) and the target's logit (0 on the ranks without it) are sums over "
+        "the ranks",
+        "make the sums that carry a gradient with MegatronG so backward hands each rank its own "
+        "gradient; the loss is the mean over tokens of log(sum of exp) minus (target logit - max)",
+    ),
+    # ------------------------------------------------------------ lesson 05: ZeRO
+    "shard_of": (
+        "lay the parameters end to end in one flat tensor; every rank must get the same number "
+        "of elements, however many there are",
+        "s = ceil(Ψ / N) elements per rank: pad the flat tensor with zeros at its end to N x s, "
+        "so that it cuts into N equal pieces",
+        "concatenate the flattened parameters, pad with zeros to N x s, and return a copy of "
+        "elements r s to (r + 1) s, with N and r asked of the group",
+    ),
+    "zero_step": (
+        "each rank needs only its shard of the averaged gradient: which collective hands every "
+        "rank a different piece of a sum?",
+        "flatten the gradients as the masters are laid out (zeros for a None, padded to N x s); "
+        "a reduce-scatter gives each rank the sum of its shard, so divide it by N",
+        "put the averaged shard in master.grad and set every p.grad to None; step the optimizer; "
+        "all-gather the N masters into one N x s buffer and copy its first Ψ elements back into "
+        "the parameters, one parameter's numel at a time",
+    ),
+    "gather_and_free": (
+        "the unit's parameters exist only while it computes: before and after its forward, "
+        "before and after its backward",
+        "resizing full's storage to its size in bytes gives the parameters memory again, an "
+        "all-gather of the shards into full gives them their values, resizing it to 0 frees them",
+        "register a forward pre-hook and a full backward pre-hook that resize and all-gather, and "
+        "a forward hook and a full backward hook that resize to 0; every hook returns None",
+    ),
+    "zero_bytes_per_rank": (
+        "a shard holds a whole number of elements, and every rank holds the same number",
+        "a partitioned part holds ceil(Ψ / N) elements per rank, padding included; a part the "
+        "stage does not partition holds all Ψ; bytes per element 2, 2, 12 (mixed) or 4, 4, 8",
+        "stage s partitions the first s of (optimizer, grads, params): multiply each part's "
+        "element count by its bytes per element and return the three whole numbers in a dict",
+    ),
 }
 
 
