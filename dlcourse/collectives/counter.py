@@ -17,6 +17,7 @@ themselves (`recorded`), and the sends and receives they make land in that recor
 instead of `records`, so nothing is counted twice and lesson 02 can still add up the messages.
 """
 
+import sys
 import weakref
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ class CommCounter(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _has_dtensor(types):  # modes run before tensor subclasses: let DTensor turn the op
+            return NotImplemented  # into local ops and collectives, which then come back here
         kwargs = kwargs or {}
         record = record_of(func, args, kwargs)
         if record is not None:
@@ -185,6 +188,11 @@ _OPS = {
     "_c10d_functional::broadcast": ("broadcast", "input", 1),
     "_c10d_functional::broadcast_": ("broadcast", "input", 1),
 }
+
+
+def _has_dtensor(types):
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists
+    return dtensor is not None and dtensor.DTensor in types
 
 
 def record_of(func, args, kwargs):

@@ -2,6 +2,7 @@
 process group of its axis, never a global.
 
     data/       data parallelism (lesson 03, `lessons/03_data_parallel.ipynb`)
+    tensor/     tensor and sequence parallelism (lesson 04, `lessons/04_tensor_parallel.ipynb`)
     grid.py     RankGrid: the sizes of the dp, tp and pp axes and each rank's groups (lesson 07),
                 built once and handed down, so a strategy takes `grid.dp_group` or `grid.tp_group`
 

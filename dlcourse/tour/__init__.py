@@ -6,7 +6,9 @@ reference, model-state bytes per rank, communication bytes per step, step time.
 
 A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
 `RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that
-strategy's wrap / train / count functions: `data.py` for lesson 03.
+strategy's wrap / train / count functions: `data.py` for lesson 03, `tensor.py` for lesson 04.
+A row that cannot run on the chosen number of ranks (tp must divide the heads) says why and is
+left out.
 """
 
 from functools import partial
@@ -17,9 +19,11 @@ import dlcourse
 from dlcourse import backends
 from dlcourse.memory import count_params
 from dlcourse.parallel.data.compare import DDP
+from dlcourse.parallel.tensor import check_tp
 from dlcourse.tour.common import (MATCH_TOLERANCE, Row, RowResult, TourConfig, cpu_params,  # noqa: F401
                                   held_bytes, mean_over_ranks, timed_steps, train_reference)
 from dlcourse.tour.data import train_dp_row
+from dlcourse.tour.tensor import train_tp_row
 
 ROWS = [
     Row("single process (reference)", train_reference, distributed=False),
@@ -27,6 +31,11 @@ ROWS = [
     Row("DP bucketed (lesson 03)", partial(train_dp_row, "bucketed")),
     Row("DP overlapped (lesson 03)", partial(train_dp_row, "overlapped")),
     Row("torch DDP", partial(train_dp_row, DDP)),
+    # tp = every rank of the job; sequence parallelism also needs tp to divide seq_len
+    *[Row(name, partial(train_tp_row, variant),
+          check=lambda cfg, n: check_tp(cfg.model, n, sequence_parallel=True))
+      for name, variant in [("TP (lesson 04)", "tp"), ("TP + SP (lesson 04)", "tp+sp"),
+                            ("DTensor TP", "dtensor")]],
 ]
 
 
@@ -40,7 +49,8 @@ def run(world_size=4, steps=5, backend="auto", rows=None, out=print):
     out(f"dlcourse tour: GPT of {count_params(cfg.model):,} parameters, {steps} AdamW steps, global batch "
         f"{cfg.global_batch}; {world_size} ranks on {backend}" + (f" ({why})" if why else ""))
     table, reference = [], None
-    with tqdm(rows or ROWS, desc="strategies", unit="row", leave=False) as progress:
+    with tqdm(_runnable(rows or ROWS, cfg, world_size, out), desc="strategies", unit="row",
+              leave=False) as progress:
         for row in progress:
             progress.set_postfix_str(row.name)
             result = _run_row(row, cfg, world_size, backend)
@@ -48,6 +58,19 @@ def run(world_size=4, steps=5, backend="auto", rows=None, out=print):
             table.append(_summarise(row, result, reference, world_size if row.distributed else 1))
     out(format_table(table))
     return table
+
+
+def _runnable(rows, cfg, world_size, out):
+    """The rows this many ranks can run; each other one is named with the reason, not run."""
+    runnable = []
+    for row in rows:
+        try:
+            if row.check:
+                row.check(cfg, world_size)
+            runnable.append(row)
+        except ValueError as error:
+            out(f"skipped {row.name} at {world_size} ranks: {error}")
+    return runnable
 
 
 def _run_row(row, cfg, world_size, backend):

@@ -58,6 +58,7 @@ class Row:
     name: str
     train: object  # fn(TourConfig) -> RowResult, run on every rank (or in-process if ranks == 1)
     distributed: bool = True  # False: runs once, in this process
+    check: object = None  # fn(TourConfig, world_size): raises ValueError before any rank starts
 
 
 def held_bytes(model, optimizer):
