@@ -3,6 +3,8 @@ process group of its axis, never a global.
 
     data/       data parallelism (lesson 03, `lessons/03_data_parallel.ipynb`)
     tensor/     tensor and sequence parallelism (lesson 04, `lessons/04_tensor_parallel.ipynb`)
+    zero/       ZeRO stages 1-3 and offload (lesson 05, `lessons/05_zero.ipynb`)
+    pipeline/   stages, schedules as data, one executor (lesson 06, `lessons/06_pipeline.ipynb`)
     grid.py     RankGrid: the sizes of the dp, tp and pp axes and each rank's groups (lesson 07),
                 built once and handed down, so a strategy takes `grid.dp_group` or `grid.tp_group`
 

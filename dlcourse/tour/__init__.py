@@ -6,7 +6,8 @@ reference, model-state bytes per rank, communication bytes per step, step time.
 
 A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
 `RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that
-strategy's wrap / train / count functions: `data.py` for lesson 03, `tensor.py` for lesson 04.
+strategy's wrap / train / count functions: `data.py` for lesson 03, `tensor.py` for lesson 04, `pipeline.py` for
+lesson 06.
 A row that cannot run on the chosen number of ranks (tp must divide the heads) says why and is
 left out.
 """
@@ -23,6 +24,7 @@ from dlcourse.parallel.tensor import check_tp
 from dlcourse.tour.common import (MATCH_TOLERANCE, Row, RowResult, TourConfig, cpu_params,  # noqa: F401
                                   held_bytes, mean_over_ranks, timed_steps, train_reference)
 from dlcourse.tour.data import train_dp_row
+from dlcourse.tour.pipeline import TORCH, train_pp_row
 from dlcourse.tour.tensor import train_tp_row
 
 ROWS = [
@@ -36,6 +38,11 @@ ROWS = [
           check=lambda cfg, n: check_tp(cfg.model, n, sequence_parallel=True))
       for name, variant in [("TP (lesson 04)", "tp"), ("TP + SP (lesson 04)", "tp+sp"),
                             ("DTensor TP", "dtensor")]],
+    # 2 stages (the tour's GPT has 2 blocks) x the remaining ranks as data-parallel copies
+    Row("PP GPipe (lesson 06)", partial(train_pp_row, "GPipe")),
+    Row("PP 1F1B (lesson 06)", partial(train_pp_row, "1F1B")),
+    Row("PP ZB-H1 (lesson 06)", partial(train_pp_row, "ZB-H1")),
+    Row("torch pipelining 1F1B", partial(train_pp_row, TORCH)),
 ]
 
 
