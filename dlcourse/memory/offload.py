@@ -17,12 +17,14 @@ from dlcourse.memory.measure import storage_bytes
 
 
 class OffloadAdamW:
-    """AdamW whose state and fp32 master weights live on `host` (default "cpu")."""
+    """AdamW whose state and fp32 master weights live on `host` (default "cpu").
+    master_dtype: the master weights' dtype (float64 for an exact proof, as in lesson 05)."""
 
-    def __init__(self, params, host="cpu", **adamw_kwargs):
+    def __init__(self, params, host="cpu", master_dtype=torch.float32, **adamw_kwargs):
         self.params = list(params)
+        self.master_dtype = master_dtype
         with torch.no_grad():  # fp32 master weights on the host; the device copy may be bf16
-            self.master = [p.detach().to(host, torch.float32, copy=True) for p in self.params]
+            self.master = [p.detach().to(host, master_dtype, copy=True) for p in self.params]
         self.host_optimizer = torch.optim.AdamW(self.master, **adamw_kwargs)
         self.host = torch.device(host)
         self.bytes_to_host = 0  # gradients sent device -> host
@@ -34,7 +36,7 @@ class OffloadAdamW:
             if p.grad is None:
                 master.grad = None
                 continue
-            master.grad = p.grad.to(self.host, torch.float32, copy=True)  # device -> host
+            master.grad = p.grad.to(self.host, self.master_dtype, copy=True)  # device -> host
             self.bytes_to_host += p.grad.nbytes
         self.host_optimizer.step()  # Adam's arithmetic runs on the host's cores
         for p, master in zip(self.params, self.master):

@@ -39,7 +39,7 @@ def measure_peak(model, inputs, targets, loss_fn):
         raise ValueError("measure_peak needs empty gradients: call "
                          "model.zero_grad(set_to_none=True) first, so that backward allocates them")
     already = storage_bytes([*model.parameters(), inputs, targets])  # held before the step
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with record_function("forward"):
             loss = loss_fn(model(inputs), targets)
         with record_function("backward"):
@@ -48,10 +48,10 @@ def measure_peak(model, inputs, targets, loss_fn):
     events = list(prof.profiler.kineto_results.events())
     forward = next(e for e in events if e.name() == "forward")
     forward_end = forward.start_ns() + forward.duration_ns()
-    return _running_sum(events, forward_end, already)
+    return running_sum(events, forward_end, already)
 
 
-def _running_sum(events, forward_end, already):
+def running_sum(events, forward_end, already):
     """Walk the allocator's events in time order: +bytes for an allocation, -bytes for a free."""
     memory = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
     held, peak, phase, at_forward_end = already, already, "forward", None
@@ -65,7 +65,7 @@ def _running_sum(events, forward_end, already):
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
+def quiet_stderr():
     """Silence file descriptor 2 while the profiler runs: its C++ side (kineto) logs a line at
     start and at stop that no setting turns off. Exceptions still propagate as usual."""
     sys.stderr.flush()

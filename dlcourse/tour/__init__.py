@@ -6,8 +6,8 @@ reference, model-state bytes per rank, communication bytes per step, step time.
 
 A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
 `RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that
-strategy's wrap / train / count functions: `data.py` for lesson 03, `tensor.py` for lesson 04, `pipeline.py` for
-lesson 06.
+strategy's wrap / train / count functions: `data.py` for lesson 03, `tensor.py` for lesson 04, `zero.py` for
+lesson 05, `pipeline.py` for lesson 06.
 A row that cannot run on the chosen number of ranks (tp must divide the heads) says why and is
 left out.
 """
@@ -26,6 +26,7 @@ from dlcourse.tour.common import (MATCH_TOLERANCE, Row, RowResult, TourConfig, c
 from dlcourse.tour.data import train_dp_row
 from dlcourse.tour.pipeline import TORCH, train_pp_row
 from dlcourse.tour.tensor import train_tp_row
+from dlcourse.tour.zero import train_zero_row
 
 ROWS = [
     Row("single process (reference)", train_reference, distributed=False),
@@ -38,6 +39,12 @@ ROWS = [
           check=lambda cfg, n: check_tp(cfg.model, n, sequence_parallel=True))
       for name, variant in [("TP (lesson 04)", "tp"), ("TP + SP (lesson 04)", "tp+sp"),
                             ("DTensor TP", "dtensor")]],
+    *[Row(name, partial(train_zero_row, variant)) for name, variant in [
+        ("ZeRO stage 1 (lesson 05)", "stage 1"), ("ZeRO stage 2 (lesson 05)", "stage 2"),
+        ("ZeRO stage 3 (lesson 05)", "stage 3"),
+        ("ZeRO stage 3 + offload (lesson 05)", "stage 3 + offload"),
+        ("torch ZeroRedundancyOptimizer", "ZeroRedundancyOptimizer"),
+        ("torch FSDP2", "FSDP2")]],
     # 2 stages (the tour's GPT has 2 blocks) x the remaining ranks as data-parallel copies
     Row("PP GPipe (lesson 06)", partial(train_pp_row, "GPipe")),
     Row("PP 1F1B (lesson 06)", partial(train_pp_row, "1F1B")),
