@@ -6,7 +6,9 @@ process group of its axis, never a global.
     zero/       ZeRO stages 1-3 and offload (lesson 05, `lessons/05_zero.ipynb`)
     pipeline/   stages, schedules as data, one executor (lesson 06, `lessons/06_pipeline.ipynb`)
     grid.py     RankGrid: the sizes of the dp, tp and pp axes and each rank's groups (lesson 07),
-                built once and handed down, so a strategy takes `grid.dp_group` or `grid.tp_group`
+                built once and handed down, so a strategy takes `groups.dp` or `groups.tp`
+    combine.py  GridPlan, combine(model, plan, groups) -> GridTrainer: pp stages, tp inside each,
+                DP or ZeRO on dp, proven equal to one process (lesson 07)
 
 Each strategy offers what `dlcourse tour` composes: a way to wrap the plain model for a group,
 the training step, and a count of one step's communication (lesson 02's `CommCounter`).

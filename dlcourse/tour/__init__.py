@@ -7,7 +7,7 @@ reference, model-state bytes per rank, communication bytes per step, step time.
 A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
 `RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that
 strategy's wrap / train / count functions: `data.py` for lesson 03, `tensor.py` for lesson 04, `zero.py` for
-lesson 05, `pipeline.py` for lesson 06.
+lesson 05, `pipeline.py` for lesson 06, `combine.py` for lesson 07.
 A row that cannot run on the chosen number of ranks (tp must divide the heads) says why and is
 left out.
 """
@@ -23,6 +23,7 @@ from dlcourse.parallel.data.compare import DDP
 from dlcourse.parallel.tensor import check_tp
 from dlcourse.tour.common import (MATCH_TOLERANCE, Row, RowResult, TourConfig, cpu_params,  # noqa: F401
                                   held_bytes, mean_over_ranks, timed_steps, train_reference)
+from dlcourse.tour.combine import PLANS, check_grid_row, train_grid_row
 from dlcourse.tour.data import train_dp_row
 from dlcourse.tour.pipeline import TORCH, train_pp_row
 from dlcourse.tour.tensor import train_tp_row
@@ -50,6 +51,9 @@ ROWS = [
     Row("PP 1F1B (lesson 06)", partial(train_pp_row, "1F1B")),
     Row("PP ZB-H1 (lesson 06)", partial(train_pp_row, "ZB-H1")),
     Row("torch pipelining 1F1B", partial(train_pp_row, TORCH)),
+    # a rank grid, one strategy per axis: 4 ranks for the 2-D grids, 8 for dp x tp x pp
+    *[Row(name, partial(train_grid_row, name), check=partial(check_grid_row, name))
+      for name in PLANS],
 ]
 
 

@@ -1,0 +1,203 @@
+"""The strategies combined on one rank grid (lesson 07, `lessons/07_combining.ipynb`).
+
+A job of pp x dp x tp ranks (`RankGrid`) trains the course GPT with three strategies at once,
+one per axis of the grid:
+
+    pp   pipeline: each rank holds a run of consecutive blocks (lesson 06's `cut_stages`)
+    tp   tensor parallel inside the stage: 1/tp of every weight matrix (lesson 04)
+    dp   data parallel around whatever the rank holds: replicas average their gradients
+         (lesson 03), or ZeRO partitions the model state between them (lesson 05, pp = 1)
+
+    plan = GridPlan(RankGrid(dp=2, tp=2, pp=2), micro_batches=2)
+    plan.check(config, batch=8)                      # before any process starts
+    # on every rank of the job:
+    groups = plan.grid.new_groups()                  # once; every strategy gets its axis' group
+    trainer = combine(GPT(config), plan, groups, lr=1e-3)
+    loss = trainer.train_step(x, y)                  # the global batch; a rank takes its dp shard
+    trainer.full_parameters()                        # {name: whole tensor}, for the proofs
+
+Each strategy is the lesson's own code, handed the group of its axis; the only glue is here.
+A rank's tp group holds the same stage and the same data, its dp group the same stage and the
+same shards, its pp group the same tp shard of every stage: so every collective of a strategy
+runs between ranks that hold matching pieces.
+"""
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from dlcourse.models import lm_loss
+from dlcourse.parallel.data.buckets import all_reduce_buckets, make_buckets
+from dlcourse.parallel.data.steps import shard_batch
+from dlcourse.parallel.grid import RankGrid
+from dlcourse.parallel.pipeline import SCHEDULES, cut_stages, split_micro_batches
+from dlcourse.parallel.pipeline import train_step as pipeline_train_step
+from dlcourse.parallel.tensor import (ColumnParallelLinear, VocabParallelEmbedding, check_tp,
+                                      parallelize, unshard, vocab_parallel_lm_loss)
+from dlcourse.parallel.tensor.parallelize import parallel_block
+from dlcourse.parallel.zero import ZeroAdamW, zero
+
+PIPELINE_SCHEDULES = ("naive", "GPipe", "1F1B", "ZB-H1")  # one stage per rank (v = 1)
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    grid: RankGrid  # the sizes of the dp, tp and pp axes and their order
+    zero_stage: int = 0  # 0: plain data parallelism on dp; 1, 2, 3: ZeRO's stage on dp
+    micro_batches: int = 1  # per dp replica and step; the pipeline needs at least pp
+    schedule: str = "1F1B"  # the pipeline schedule (lesson 06), when pp > 1
+    sequence_parallel: bool = False  # Korthikanti et al.'s sequence parallelism on tp (pp = 1)
+
+    def __post_init__(self):
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"GridPlan.zero_stage is 0 (plain data parallel) or ZeRO's stage "
+                             f"1, 2 or 3, got {self.zero_stage!r}")
+        if self.schedule not in PIPELINE_SCHEDULES:
+            raise ValueError(f"GridPlan.schedule must be one of {PIPELINE_SCHEDULES} (one stage "
+                             f"per rank), got {self.schedule!r}")
+        if self.zero_stage and self.grid.pp > 1:
+            raise ValueError(
+                f"ZeRO stage {self.zero_stage} with pp {self.grid.pp} is not built here: ZeRO "
+                "takes over the gradients, which the pipeline's executor reads stage by stage, "
+                "and stages 2 and 3 would reduce-scatter after each of the m micro-batches "
+                "(DeepSpeed's pipeline refuses them too). Use zero_stage=0 with pp > 1, or pp=1")
+        if self.sequence_parallel and self.grid.pp > 1:
+            raise ValueError("sequence_parallel with pp > 1 is not built here: stages would pass "
+                             "(b, T/tp, h) sequence shards, and lesson 06's executor sends whole "
+                             "(b, T, h) activations. Use sequence_parallel=False with pp > 1")
+        if self.grid.pp == 1 and self.micro_batches != 1:
+            raise ValueError(f"micro_batches {self.micro_batches} only cut the batch for a "
+                             "pipeline (pp > 1); with pp = 1 use micro_batches=1")
+
+    def check(self, config, batch):
+        """Refuse, with the arithmetic, a grid the model or the batch cannot be cut into."""
+        self.grid.check_model(config, self.micro_batches)
+        check_tp(config, self.grid.tp, self.sequence_parallel)  # tp divides seq_len, with SP
+        dp, m = self.grid.dp, self.micro_batches
+        if batch % (dp * m):
+            raise ValueError(
+                f"a batch of {batch} sequences does not split into dp {dp} x {m} micro-batches "
+                f"({batch} / {dp * m} = {batch / (dp * m):g}): use a multiple of {dp * m}")
+
+
+class GridTrainer:
+    """One rank's part of the combined model and its optimizer; `combine` builds it."""
+
+    def __init__(self, plan, groups, modules, optimizer, loss_fn, tp_layout):
+        self.plan, self.groups = plan, groups
+        self.modules = modules  # pp = 1: [the (TP, ZeRO) model]; pp > 1: this rank's [Stage]
+        self.optimizer, self.loss_fn = optimizer, loss_fn
+        self.tp_layout = tp_layout  # name -> (tp_dim, tp_parts) of each tp-sharded parameter
+        plain_dp = plan.grid.pp == 1 and not plan.zero_stage and plan.grid.dp > 1
+        self.dp_buckets = make_buckets(modules[0]) if plain_dp else None  # lesson 03, step 2
+
+    def train_step(self, x, y):
+        """One AdamW step on the global batch (B, T). Returns this rank's loss (the mean over
+        its dp shard), or None on a pipeline rank without the last stage."""
+        x, y = shard_batch((x, y), self.groups.dp)  # (B/dp, T): the same on a tp or pp group
+        if self.plan.grid.pp > 1:
+            return self._pipeline_step(x, y)
+        model = self.modules[0]
+        self.optimizer.zero_grad()
+        loss = self.loss_fn(model(x), y)
+        loss.backward()  # TP's collectives run inside, on groups.tp; ZeRO 2/3's on groups.dp
+        if self.dp_buckets is not None:
+            all_reduce_buckets(self.dp_buckets, self.groups.dp)  # averaged over dp only
+        self.optimizer.step()  # ZeroAdamW: reduce-scatter, Adam on the shard, all-gather
+        return loss.item()
+
+    def _pipeline_step(self, x, y):
+        micro = split_micro_batches(x, y, self.plan.micro_batches)  # m x (B/(dp m), T)
+        dp_group = self.groups.dp if self.plan.grid.dp > 1 else None
+        return pipeline_train_step(self.modules, self.optimizer, SCHEDULES[self.plan.schedule],
+                                   micro, self.groups.pp, dp_group=dp_group)
+
+    @torch.no_grad()
+    def full_parameters(self):
+        """{name: the whole parameter}, the plain GPT's names, on every rank: gathered over dp
+        (ZeRO-3), put back together over tp, collected over pp. Call on every rank."""
+        local = {}
+        for module in self.modules:
+            if self.plan.zero_stage:
+                full = module.full_parameters()  # ZeRO-3 all-gathers over dp
+                local.update({name: t.detach().clone() for name, t in full.items()})
+            else:
+                local.update(_own_parameters(module))
+        whole = {name: _unshard(t, self.tp_layout.get(name), self.groups.tp)
+                 for name, t in local.items()}  # the same order on every tp rank
+        if self.plan.grid.pp == 1:
+            return whole
+        pieces = [None] * self.plan.grid.pp
+        dist.all_gather_object(pieces, whole, group=self.groups.pp)  # stage by stage
+        return {name: t for piece in pieces for name, t in piece.items()}
+
+
+def combine(model, plan, groups, lr=1e-3, **adamw_kwargs):
+    """The plain course GPT -> this rank's `GridTrainer` for `plan`, using `groups` (from
+    `plan.grid.new_groups()`). pp = 1: TP over groups.tp, then plain DP or ZeRO over groups.dp.
+    pp > 1: cut into stages over groups.pp, TP inside each stage, DP over groups.dp.
+    TP and PP build copies; with tp = pp = 1 the model itself is trained (ZeRO moves its
+    parameters into flat buffers), as DDP trains the module it wraps."""
+    plan.grid.check_world_size(dist.get_world_size())
+    plan.grid.check_model(model.config, plan.micro_batches)
+    check_tp(model.config, plan.grid.tp, plan.sequence_parallel)
+    tp = plan.grid.tp
+    if plan.grid.pp > 1:
+        stages = cut_stages(model, groups.pp)  # [this rank's Stage], plain layers
+        if tp > 1:
+            stages = [tensor_parallel_stage(s, groups.tp) for s in stages]
+        optimizer = torch.optim.AdamW([p for s in stages for p in s.parameters()], lr=lr,
+                                      **adamw_kwargs)
+        return GridTrainer(plan, groups, stages, optimizer, lm_loss, _tp_layout(stages))
+    if tp > 1:
+        model = parallelize(model, groups.tp, plan.sequence_parallel)  # logits (B, T, V/tp)
+    layout = _tp_layout([model])
+    loss_fn = partial(vocab_parallel_lm_loss, group=groups.tp) if tp > 1 else lm_loss
+    if plan.zero_stage:
+        model = zero(plan.zero_stage, model, groups.dp)  # shards what this tp rank holds
+        optimizer = ZeroAdamW(model, lr=lr, **adamw_kwargs)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **adamw_kwargs)
+    return GridTrainer(plan, groups, [model], optimizer, loss_fn, layout)
+
+
+def tensor_parallel_stage(stage, group):
+    """The adapter that puts lesson 04 inside a lesson 06 stage, in place: its blocks get
+    `parallel_block`, the token embedding becomes vocabulary-parallel, and the output layer
+    column-parallel over the vocabulary with gather_output=True, so the last stage hands the
+    pipeline's `lm_loss` whole logits (b, T, V) (one all-gather of b T V values per micro-batch
+    on the tp axis; Megatron-LM keeps the loss vocabulary-parallel instead and sends 3 b T).
+    The tied embedding's two copies stay on two ranks; `sync_tied_grads` over the pp group sums
+    their gradients shard by shard, as both ends cut the vocabulary the same way."""
+    for key, block in stage.blocks.items():
+        stage.blocks[key] = parallel_block(block, group, sequence_parallel=False)
+    if stage.is_first:
+        stage.tok_emb = VocabParallelEmbedding(stage.tok_emb, group)
+    if stage.is_last:
+        stage.lm_head = ColumnParallelLinear(stage.lm_head, group, gather_output=True)
+        if stage.is_first and stage.tied:
+            stage.lm_head.weight = stage.tok_emb.weight
+    return stage
+
+
+def _own_parameters(module):
+    """{name: tensor} this rank holds; a stage's second copy of the tied matrix is left out."""
+    tied = getattr(module, "tied", False)
+    return {name: p.detach().clone() for name, p in module.named_parameters()
+            if not (tied and name == "lm_head.weight")}
+
+
+def _tp_layout(modules):
+    return {name: (p.tp_dim, p.tp_parts) for m in modules for name, p in m.named_parameters()
+            if hasattr(p, "tp_dim")}
+
+
+def _unshard(tensor, layout, tp_group):
+    """The whole tensor from every tp rank's shard (all-gather), or `tensor` if not sharded."""
+    if layout is None:
+        return tensor
+    shards = [torch.empty_like(tensor) for _ in range(dist.get_world_size(tp_group))]
+    dist.all_gather(shards, tensor.contiguous(), group=tp_group)
+    return unshard(shards, *layout)
