@@ -16,6 +16,8 @@ never imports them either.
                       loss) and tensor_library.py (refusals, tp sizes drawn per run)
     zero.py           lesson 05, with zero_steps.py (the sharded step), zero_units.py (a stage-3
                       unit), zero_cases.py (cases drawn per run) and zero_library.py (refusals)
+    pipeline.py       lesson 06, with schedules.py (the 1F1B list and the loss scaling, run as a
+                      schedule) and stages.py (the reference pipeline, its executor, refusals)
 
 Import from the module: `from dlcourse.checks.launch import check_gather_all`.
 """

@@ -201,6 +201,46 @@ HINTS = {
         "stage s partitions the first s of (optimizer, grads, params): multiply each part's "
         "element count by its bytes per element and return the three whole numbers in a dict",
     ),
+    # ------------------------------------------------------------ lesson 06: pipeline
+    "stage_boundaries": (
+        "count the blocks each stage holds first; the boundaries are where one stage's blocks "
+        "end and the next one's begin",
+        "divmod(n_layers, n_stages) gives the blocks every stage holds and how many are left "
+        "over; the first stages take one of those each, since the last also runs the output layer",
+        "start a list at 0 and, for each stage s, add the last boundary plus that stage's size "
+        "(one more while s is below the remainder); the list ends at n_layers",
+    ),
+    "exchange": (
+        "both neighbours call exchange at the same moment: if both start with a blocking "
+        "dist.send, both wait forever",
+        "receive into a new buffer shaped like tensor (the caller still needs tensor); dist.isend "
+        "and dist.irecv return at once, and dist.batch_isend_irecv posts a list of them together",
+        "make the buffer, post the send of tensor to peer and the receive from peer without "
+        "waiting on either, then wait on both and return the buffer",
+    ),
+    "last_stage_backward": (
+        "the step's loss is the mean over all n_micro micro-batches, and each backward adds its "
+        "micro-batch's part into .grad",
+        "x arrives as a plain tensor: ask for its gradient before the forward; scale the loss "
+        "itself before backward, so that the gradient that goes back to the earlier stages is "
+        "scaled too",
+        "mark x as requiring a gradient, run the stage and the loss, divide the loss by n_micro, "
+        "run backward, and return x's gradient; zero nothing, the micro-batches add up",
+    ),
+    "schedule_1f1b": (
+        "three phases: a warm-up of forwards, a steady state of one forward then one backward, a "
+        "cool-down of backwards",
+        "the warm-up fills the stages after this rank: p - rank - 1 forwards, never more than "
+        "n_micro; the last stage has none and runs each backward right after its forward",
+        "after the warm-up, each remaining forward (of the next micro-batch) is followed by the "
+        "backward of the oldest micro-batch still held; then the backwards left, oldest first",
+    ),
+    "bubble_fraction": (
+        "count the time a stage waits while the pipeline fills and drains, and the time it works",
+        "in units of one forward plus one backward, a stage works n_micro units and waits "
+        "n_stages - 1 of them",
+        "the share is the waiting time over the whole step's time, waiting plus working",
+    ),
 }
 
 

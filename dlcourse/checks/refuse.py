@@ -144,8 +144,9 @@ def forbidden(names, why):
     and so do the collectives they issue when issued another way."""
     # dist.all_reduce and c10d.all_reduce are one function under two names: guard both.
     saved = [(m, n, getattr(m, n)) for m in (dist, c10d) for n in names if hasattr(m, n)]
-    for module, name, _ in saved:
-        setattr(module, name, _guard(name, why))
+    guards = {}  # one stand-in for both names, as torch has one function
+    for module, name, original in saved:
+        setattr(module, name, guards.setdefault(id(original), _guard(name, why)))
     ops = {_DISPATCHED_AS.get(n, n) for n in names}
     try:
         with (_RefuseOps(ops, why) if ops else contextlib.nullcontext()):
@@ -195,8 +196,9 @@ def none_named():
     one line that says so (torch's own message puts the 'got None' on its second line, which a
     gradebook does not keep)."""
     saved = [(m, n, getattr(m, n)) for m in (dist, c10d) for n in _TAKE_TENSORS if hasattr(m, n)]
+    wrappers = {}  # dist.all_reduce is c10d.all_reduce: one wrapper for both names
     for module, name, original in saved:
-        setattr(module, name, _none_check(name, original))
+        setattr(module, name, wrappers.setdefault(id(original), _none_check(name, original)))
     try:
         yield
     finally:
