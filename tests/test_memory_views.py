@@ -68,3 +68,9 @@ def test_calculator_widget_starts_where_asked_and_refuses_unknown_settings():
     assert values["model"] == "GPT-2 XL" and values["dp ranks"] == 1
     with pytest.raises(TypeError, match="unknown settings"):
         memory_calculator(gpus=8)
+
+
+def test_the_calculator_saves_a_picture_not_its_controls_text():
+    bundle = memory_calculator(model="GPT-2 XL", dp=1)._repr_mimebundle_()
+    assert bundle["image/png"] and "application/vnd.jupyter.widget-view+json" in bundle
+    assert "VBox" not in bundle["text/plain"] and "GB per GPU" in bundle["text/plain"]

@@ -1,12 +1,15 @@
 """The memory calculator of lesson 01: pick a real model and a training setup with sliders, see
 the bytes each GPU holds by part and which cards that fits.
 
-    memory_calculator()                      # the widget (JupyterLab)
+    memory_calculator()                      # the widget (JupyterLab; a picture without a kernel)
     show_setting("Llama-2 7B", dp=8, zero_stage=3)  # the same view for one setting, no widget
 
 The numbers come from `dlcourse.memory.calculator.memory_per_gpu` (ZeRO's model state plus
 Korthikanti's activations); the picture from `dlcourse.plots.memory.plot_fit`.
 """
+
+import base64
+import io
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -64,9 +67,38 @@ def memory_calculator(**overrides):
     if unknown:
         raise TypeError(f"memory_calculator got unknown settings {sorted(unknown)}; "
                         f"known: {sorted(DEFAULTS)}")
-    controls = _controls({**DEFAULTS, **overrides})
+    settings = {**DEFAULTS, **overrides}
+    controls = _controls(settings)
     output = widgets.interactive_output(show_setting, controls)
     names = list(controls)
-    return widgets.VBox([widgets.HBox([controls[n] for n in names[:3]]),
-                         widgets.HBox([controls[n] for n in names[3:5]]),
-                         widgets.HBox([controls[n] for n in names[5:]]), output])
+    return Calculator([widgets.HBox([controls[n] for n in names[:3]]),
+                       widgets.HBox([controls[n] for n in names[3:5]]),
+                       widgets.HBox([controls[n] for n in names[5:]]), output], settings)
+
+
+class Calculator(widgets.VBox):
+    """The calculator's controls and output; saved in a notebook without a kernel (GitHub, a
+    headless run), it shows the starting setting's figure instead of its controls."""
+
+    def __init__(self, children, settings):
+        super().__init__(children)
+        self.settings = settings
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = super()._repr_mimebundle_(**kwargs) or {}
+        s = self.settings
+        parts = memory_per_gpu(REAL_MODELS[s["model"]], batch=s["batch"], seq_len=s["seq_len"],
+                               mixed_precision=s["mixed_precision"], dp=s["dp"],
+                               zero_stage=s["zero_stage"], recompute=s["recompute"])
+        fig, ax = plt.subplots(figsize=(7, 1.9))
+        plot_fit({s["model"]: parts}, cards=CARDS_GB, ax=ax,
+                 title=f"{s['model']}: bytes per GPU by part (dp {s['dp']}, ZeRO stage "
+                       f"{s['zero_stage']}, recompute {s['recompute']})")
+        fig.tight_layout()
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
+        plt.close(fig)
+        bundle["image/png"] = base64.b64encode(png.getvalue()).decode("ascii")
+        bundle["text/plain"] = (f"memory calculator: {s['model']}, {parts.total / 1e9:.1f} GB "
+                                "per GPU")
+        return bundle
