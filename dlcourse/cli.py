@@ -121,13 +121,18 @@ def grade(args):
     if not notebooks:
         print("dlcourse grade: no .ipynb notebooks in " + " ".join(args.paths), file=sys.stderr)
         return 2
+    book = gradebook.Gradebook(args.csv, grading.expected_graders(reference)) if args.csv else None
+    if book and any(book.has(nb) for nb in notebooks):
+        notebooks = [nb for nb in notebooks if not book.has(nb)]
+        print(f"resuming {args.csv}: its {len(book.kept)} row(s) are kept, "
+              f"{len(notebooks)} notebook(s) left to grade (delete it to grade all again)")
     submissions = grading.grade_all(notebooks, args.cell_timeout, args.notebook_timeout,
-                                    reference)
-    exercise_ids = gradebook.align(submissions, grading.expected_graders(reference))
+                                    reference, on_graded=book.write if book else None)
+    gradebook.align(submissions, grading.expected_graders(reference))
     for submission in submissions:  # after align: every table lists every exercise
         print("\n" + "\n".join(gradebook.table(submission)))
-    if args.csv:
-        gradebook.write_csv(submissions, exercise_ids, args.csv)
+    if book:
+        book.write(submissions)
         print(f"\ngradebook written to {args.csv}")
     print(gradebook.summary(submissions))
     return 0 if all(s.results and s.total == s.possible for s in submissions) else 1
@@ -149,7 +154,8 @@ def _add_grade(sub):
 
     p = sub.add_parser("grade", help=grade.__doc__)
     p.add_argument("paths", nargs="+", help="notebooks, or folders searched for *.ipynb")
-    p.add_argument("--csv", help="write the gradebook (one row per notebook) to this file")
+    p.add_argument("--csv", help="write the gradebook (one row per notebook) to this file, "
+                                 "after each notebook; a rerun with it grades only the rest")
     p.add_argument("--against", metavar="NOTEBOOK",
                    help="the released exercise notebook: its grader cells (code and points) "
                         "replace each submission's, so an edited check cannot pass")

@@ -11,6 +11,7 @@ second instead of one torch import per rank.
 import atexit
 import linecache
 import multiprocessing as mp
+import numbers
 import os
 
 import torch
@@ -22,8 +23,11 @@ from dlcourse.errors import RankError, RankTimeout
 from dlcourse.scripts import check_main_guard
 
 DEFAULT_TIMEOUT_S = 60.0  # a lesson cell's job runs in seconds; a deadlock shows up in one minute
+# The parent waits with `selectors`, whose epoll counts milliseconds in a C int: 2**31 ms is
+# 24.8 days. 24 days, less the process group's margin, stays below it.
+MAX_TIMEOUT_S = 24 * 24 * 3600.0 - worker.PROCESS_GROUP_MARGIN_S
 
-__all__ = ["launch", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S"]
+__all__ = ["launch", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S"]
 
 
 def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, **kwargs):
@@ -33,8 +37,9 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
     every rank, else gloo; one line says which and why).
     timeout: seconds the job may run once its ranks have started (not counting the forkserver
     that the first launch in a process starts, which imports torch). A rank that raises or
-    crashes stops every rank and raises `RankError`; a job still running at the deadline raises
-    `RankTimeout`.
+    crashes stops every rank and raises `RankError` (its `outcomes`: what each rank did, as
+    `errors.RankOutcome` data); a job still running at the deadline raises `RankTimeout`. At
+    most `MAX_TIMEOUT_S` (24 days): the longest wait the operating system's select takes.
 
     Inside a rank that is already launched (torchrun, or a rank of this launcher) `fn` runs in the
     current process under the existing process group and `[result]` is returned.
@@ -51,8 +56,7 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
     sources = _cell_sources()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     jobs = [
-        worker.RankJob(rank, world_size, backend, threads, store.port, timeout + 30.0, payload,
-                       sources)
+        worker.RankJob(rank, world_size, backend, threads, store.port, timeout, payload, sources)
         for rank in range(world_size)
     ]
     try:
@@ -68,8 +72,10 @@ def _check_arguments(fn, world_size, backend, timeout):
         raise ValueError(f"world_size must be a whole number of ranks >= 1, got {world_size!r}")
     if backend not in backends.NAMES:
         raise ValueError(f"backend must be one of {backends.NAMES}, got {backend!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout is in seconds and must be > 0, got {timeout!r}")
+    if (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
+            or not 0 < timeout <= MAX_TIMEOUT_S):
+        raise ValueError(f"timeout is in seconds and must be > 0 and at most {MAX_TIMEOUT_S:.0f} "
+                         f"(24 days), got {timeout!r}")
 
 
 def _pickle_job(fn, args, kwargs):
@@ -109,8 +115,10 @@ def _forkserver():
     # Imported once by the forkserver (started at the first launch); every rank is a fork of it,
     # so it starts with these already imported. torch._dynamo is imported by the first optimizer
     # or DDP a process builds: 1.2 s per rank, paid on every launch if not here.
+    # torch.distributed.optim and .fsdp (ZeRO and FSDP, lesson 05): 0.7 s per rank otherwise.
     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
-                                "torch.nn.parallel", "dlcourse.worker"])
+                                "torch.nn.parallel", "torch.distributed.optim",
+                                "torch.distributed.fsdp", "dlcourse.worker"])
     return ctx
 
 
@@ -119,15 +127,16 @@ def _run_in_this_rank(fn, args, kwargs, world_size, backend, timeout):
     if world_size != launched:
         raise ValueError(
             f"launch(world_size={world_size}) runs inside a job of {launched} ranks (WORLD_SIZE "
-            f"is set, e.g. by torchrun). Pass world_size={launched}, or start torchrun with "
-            f"--nproc-per-node={world_size}."
+            f"is set, e.g. by torchrun). Pass world_size={launched}, or start torchrun so that "
+            f"nodes x --nproc-per-node = {world_size}."
         )
     if not dist.is_initialized():
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         backend, _ = backends.choose(backend, local_size)
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, timeout=backends.timedelta_s(timeout + 30.0))
+        dist.init_process_group(
+            backend, timeout=backends.timedelta_s(timeout + worker.PROCESS_GROUP_MARGIN_S))
         # Left to interpreter exit, gloo's threads can abort the process ("terminate called").
         atexit.register(_destroy_process_group)
     return fn(*args, **kwargs)

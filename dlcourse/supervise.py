@@ -14,8 +14,8 @@ import time
 from collections import deque
 
 
-from dlcourse import pickling, worker
-from dlcourse.errors import RankError, RankTimeout
+from dlcourse import errors, pickling, worker
+from dlcourse.errors import RUNNING, RankOutcome
 
 GRACE_S = 0.5  # after the first failure, peers get this long to report what they saw
 EXIT_WAIT_S = 5.0  # ranks that have sent their result get this long to exit on their own
@@ -32,7 +32,8 @@ class Rank:
         self.results = results  # read end of the rank's result pipe
         self.partial = b""  # an output line not yet ended by a newline
         self.tail = deque(maxlen=15)  # last lines printed, shown if the rank crashes
-        self.outcome = None  # ("ok", bytes) | ("error", worker.Failure) | ("died", exit code)
+        self.outcome = None  # an errors.RankOutcome once it reported or died
+        self.value = None  # what it returned, pickled
         self.seen_at = None  # parent's time.monotonic() when the outcome arrived
         self.killed = False  # stopped by us: its exit is not its own failure
 
@@ -54,14 +55,14 @@ def run_ranks(ctx, jobs, timeout):
         with selectors.DefaultSelector() as sel:
             _register(sel, ranks)
             _pump(sel, until=lambda: _stop_time(ranks, deadline), done=lambda: _all_reported(ranks))
-            if all(r.outcome and r.outcome[0] == "ok" for r in ranks):
+            if all(r.outcome and r.outcome.state == errors.RETURNED for r in ranks):
                 os.close(lifeline_w)  # releases the ranks: they leave the group and exit
                 lifeline_w = None
                 _drain(sel, EXIT_WAIT_S)
-                return [pickling.loads(r.outcome[1]) for r in ranks]
+                return [pickling.loads(r.value) for r in ranks]
             _kill(ranks)
             _drain(sel, DRAIN_S)
-        raise _error(ranks, timeout)
+        raise errors.launch_error([_final_outcome(r) for r in ranks], timeout)
     finally:
         _kill(ranks)
         for fd in (lifeline_r, lifeline_w):
@@ -136,16 +137,27 @@ def _on_result(r):
     except (EOFError, OSError):
         return False
     if r.outcome is None:
-        r.outcome, r.seen_at = pickle.loads(message), time.monotonic()
+        (r.outcome, r.value), r.seen_at = pickle.loads(message), time.monotonic()
     return True
 
 
 def _on_exit(r):
+    _kill_group(r)  # what the rank started ends with it
     if r.outcome is None and r.results.poll(0):
         _on_result(r)  # it sent its message and exited before we read it
     if r.outcome is None and not r.killed:
-        r.outcome, r.seen_at = ("died", r.process.exitcode), time.monotonic()
+        r.seen_at = time.monotonic()
+        r.outcome = errors.died(r.rank, r.process.exitcode, r.seen_at)
     return False
+
+
+def _final_outcome(r):
+    """Once the output is drained: a rank that died gets its last lines (a segfault's stack)."""
+    if r.outcome is None:
+        return RankOutcome(r.rank, RUNNING)
+    if r.outcome.state in (errors.EXITED, errors.SIGNALLED):
+        r.outcome.last_output = "\n".join(r.tail)
+    return r.outcome
 
 
 def _all_reported(ranks):
@@ -153,7 +165,7 @@ def _all_reported(ranks):
 
 
 def _failed(ranks):
-    return [r for r in ranks if r.outcome is not None and r.outcome[0] != "ok"]
+    return [r for r in ranks if r.outcome is not None and r.outcome.failed]
 
 
 def _stop_time(ranks, deadline):
@@ -168,8 +180,21 @@ def _kill(ranks):
         if r.process.is_alive():
             r.killed = True
             r.process.kill()
+        _kill_group(r)
     for r in ranks:
         r.process.join(timeout=5)
+
+
+def _kill_group(r):
+    """SIGKILL the processes the rank started: its process group (`worker._tie_to_launch`).
+    Linux gives no new process a pid that is still a process group's id, so while any of them
+    lives the group's id is theirs."""
+    if r.process.pid is None:
+        return
+    try:
+        os.killpg(r.process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # no such group any more (or not yet: the rank had not made it)
 
 
 def _close(r):
@@ -178,61 +203,3 @@ def _close(r):
             close()
         except OSError:
             pass
-
-
-def _error(ranks, timeout):
-    failed = _failed(ranks)
-    if not failed:
-        running = [r.rank for r in ranks if r.outcome is None]
-        done = [r.rank for r in ranks if r.outcome is not None]
-        return RankTimeout(_timeout_message(timeout, running, done), running=running)
-    culprit = min(failed, key=_blame_order)
-    others = {r.rank: _summary(r) for r in failed}
-    message = f"rank {culprit.rank} {_summary(culprit)}"
-    stopped = [r.rank for r in ranks if r is not culprit]
-    if stopped:
-        message += f" (so {_ranks(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped)"
-    detail = _detail(culprit)
-    return RankError(f"{message}\n\n{detail}", culprit.rank, detail, others)
-
-
-def _blame_order(r):
-    """The rank that caused the failure sorts first: its own error, then a crash, then a rank that
-    only saw a peer disappear; within each kind, the earliest."""
-    kind, detail = r.outcome
-    if kind == "error":
-        return (2 if detail.from_peer else 0, detail.time)
-    return (1, r.seen_at)
-
-
-def _summary(r):
-    kind, detail = r.outcome
-    if kind == "error":
-        return f"raised {detail.summary}"
-    if detail is not None and detail < 0:
-        name = signal.Signals(-detail).name
-        return f"was killed by {name}" + (" (a crash in native code)" if name == "SIGSEGV" else "")
-    return f"exited with code {detail} before returning a result"
-
-
-def _detail(r):
-    kind, detail = r.outcome
-    if kind == "error":
-        return f"Traceback of rank {r.rank}:\n{detail.traceback}"
-    tail = "\n".join(r.tail) or "(it printed nothing)"
-    return f"Last output of rank {r.rank}:\n{tail}"
-
-
-def _timeout_message(timeout, running, done):
-    message = f"the job did not finish in {timeout:g} s: {_ranks(running)} still running"
-    if done:
-        message += f"; {_ranks(done)} finished"
-    return message + (
-        ". A rank waiting for a collective or a recv that its peers never make (a skipped "
-        "collective, a mismatched send/recv) looks like this. If the work is only slow, pass a "
-        "larger timeout=."
-    )
-
-
-def _ranks(ranks):
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)

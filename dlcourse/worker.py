@@ -5,8 +5,10 @@ student's function pickled by value. The rank wires its output to the parent, jo
 group, runs the function, and sends back one message: its return value or how it failed.
 """
 
+import ctypes
 import faulthandler
 import linecache
+import multiprocessing
 import os
 import pickle
 import signal
@@ -14,14 +16,20 @@ import sys
 import threading
 import time
 import traceback
+import types
 from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing import reduction
+from multiprocessing import forkserver, reduction
 
 import torch
 import torch.distributed as dist
 
 from dlcourse import pickling
+from dlcourse.errors import RAISED, RETURNED, RankOutcome
+
+# The process group's own timeout (a collective that waits longer raises) is the job's timeout
+# plus this: the parent's deadline comes first, so a hang is reported by the parent, by name.
+PROCESS_GROUP_MARGIN_S = 30.0
 
 
 @dataclass
@@ -31,20 +39,9 @@ class RankJob:
     backend: str  # "gloo" or "nccl", already chosen by the parent
     threads: int  # torch threads for this rank: cores // world_size, at least 1
     store_port: int  # the parent's TCPStore on 127.0.0.1
-    timeout_s: float  # process-group timeout; the parent's own deadline is shorter
+    timeout_s: float  # the job's timeout; the process group's is PROCESS_GROUP_MARGIN_S longer
     payload: bytes  # cloudpickle of (fn, args, kwargs)
     sources: dict  # linecache entries of notebook cells, for readable tracebacks
-
-
-@dataclass
-class Failure:
-    """How a rank failed, as the parent needs it to pick and explain the culprit."""
-
-    rank: int
-    summary: str  # the last line of the traceback, e.g. "ValueError: bad shape"
-    traceback: str
-    time: float  # time.monotonic() when it was caught: one clock for every process on the host
-    from_peer: bool  # a communication error, most likely caused by another rank failing first
 
 
 class InheritedFd:
@@ -68,6 +65,7 @@ def _detach(dup):
 def main(job, output, results, lifeline):
     """Entry point of one rank. `output` and `lifeline` arrive as plain integers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when ranks stop
+    _tie_to_launch()
     _send_output_to(output)
     lifeline = Lifeline(lifeline)
     _set_rank_environment(job)
@@ -76,9 +74,10 @@ def main(job, output, results, lifeline):
     try:
         _join_process_group(job)
         fn, args, kwargs = pickling.loads(job.payload)
+        _share_with_children(fn, args, kwargs)
         value = fn(*args, **kwargs)
     except BaseException as error:  # SystemExit and KeyboardInterrupt are failures too
-        message = ("error", _describe(error, job.rank))
+        message = (_describe(error, job.rank), None)
     else:
         message = _result(value, job.rank)
     sys.stdout.flush()
@@ -90,6 +89,63 @@ def main(job, output, results, lifeline):
     lifeline.released.wait()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _tie_to_launch():
+    """End this rank with its launch, whatever it is doing, and its own children with it.
+
+    - A process group of its own (pgid = this pid): the parent ends the rank and every process
+      the rank started (`os.fork`, `subprocess`, a `multiprocessing.Pool`) with one `killpg`.
+    - The kernel SIGKILLs it when its parent, the forkserver, exits (Linux PR_SET_PDEATHSIG),
+      even while it runs native code holding the GIL, where the Lifeline thread cannot run.
+    - The forkserver exits when no process holds its "alive" pipe; multiprocessing gives every
+      forked process a copy, so a rank would keep it alive after the launching process died
+      (a kernel restart). The launching process keeps the only copy.
+    """
+    os.setpgid(0, 0)
+    parent = os.getppid()
+    if _set_parent_death_signal(signal.SIGKILL) and os.getppid() != parent:
+        os._exit(1)  # the forkserver ended before the signal was armed
+    alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None
+
+
+def _set_parent_death_signal(sig):
+    """prctl(PR_SET_PDEATHSIG, sig) through libc; False where there is no such call (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _share_with_children(fn, args, kwargs):
+    """Make the notebook's functions and classes that the job uses findable as `__main__.name`.
+
+    They arrive by value (cloudpickle), but a `multiprocessing.Pool` in the rank sends a function
+    to its workers by name, as plain pickle does: `__main__.square` must be the very object. The
+    workers are forked from this rank, so they see them too: multiprocessing made "forkserver"
+    (how this rank was started) its default here; the platform's default ("fork" on Linux up to
+    Python 3.13) is put back, as a process that torchrun starts has it.
+    """
+    multiprocessing.set_start_method(None, force=True)
+    main_module = sys.modules["__main__"]
+    seen, todo = set(), [fn, *args, *kwargs.values()]
+    while todo:
+        obj = todo.pop()
+        try:
+            if id(obj) in seen or getattr(obj, "__module__", None) != "__main__":
+                continue
+        except Exception:  # an object whose attribute lookup raises: not a notebook function
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (types.FunctionType, type)) and "." not in obj.__qualname__:
+            setattr(main_module, obj.__qualname__, obj)  # a top-level name of the notebook
+        todo += getattr(obj, "__globals__", {}).values()
 
 
 def _send_output_to(fd):
@@ -139,7 +195,7 @@ def _set_rank_environment(job):
 
 
 def _join_process_group(job):
-    timeout = timedelta(seconds=job.timeout_s)
+    timeout = timedelta(seconds=job.timeout_s + PROCESS_GROUP_MARGIN_S)
     store = dist.TCPStore("127.0.0.1", job.store_port, is_master=False, timeout=timeout)
     device = None
     if job.backend == "nccl":
@@ -156,14 +212,15 @@ def _join_process_group(job):
 
 
 def _result(value, rank):
+    """(outcome, the value pickled) to send to the parent."""
     try:
-        return ("ok", pickling.dumps(value))
+        return RankOutcome(rank, RETURNED, time=time.monotonic()), pickling.dumps(value)
     except Exception as error:
-        summary = (
-            f"TypeError: rank {rank} returned a {type(value).__name__}, which cannot be pickled "
-            f"to send back ({error}). Return tensors, numbers, or lists and dicts of them."
-        )
-        return ("error", Failure(rank, summary, summary + "\n", time.monotonic(), False))
+        message = (f"rank {rank} returned a {type(value).__name__}, which cannot be pickled to "
+                   f"send back ({error}). Return tensors, numbers, or lists and dicts of them.")
+        outcome = RankOutcome(rank, RAISED, "TypeError", _type_names(TypeError), message,
+                              f"TypeError: {message}\n", time=time.monotonic())
+        return outcome, None
 
 
 # Messages of errors that a rank sees when a peer dies or stops answering.
@@ -174,8 +231,24 @@ def _describe(error, rank):
     tb = error.__traceback__
     if tb is not None and tb.tb_frame.f_code is main.__code__:
         tb = tb.tb_next  # the student's frames start below this module's own
-    lines = traceback.format_exception(type(error), error, tb)
-    text = "".join(lines)
-    summary = traceback.format_exception_only(type(error), error)[-1].strip()
+    text = "".join(traceback.format_exception(type(error), error, tb))
+    name, message = _name_and_message(error)
     from_peer = isinstance(error, dist.DistError) or any(m in text for m in _PEER_ERROR_MARKERS)
-    return Failure(rank, summary, text, time.monotonic(), from_peer)
+    return RankOutcome(rank, RAISED, name, _type_names(type(error)), message, text,
+                       time=time.monotonic(), from_peer=from_peer)
+
+
+def _name_and_message(error):
+    """('ValueError', 'bad shape'): the type as a traceback names it ('pkg.mod.Error' outside
+    builtins and __main__) and what the traceback's last line says after the name."""
+    name, module = type(error).__qualname__, type(error).__module__
+    if module not in ("__main__", "builtins"):
+        name = f"{module}.{name}"
+    last = traceback.format_exception_only(type(error), error)[-1].strip()
+    if last.startswith(name + ": "):
+        return name, last[len(name) + 2:]
+    return name, "" if last == name else str(error).strip()
+
+
+def _type_names(exception_type):
+    return tuple(f"{t.__module__}.{t.__qualname__}" for t in exception_type.__mro__)

@@ -102,7 +102,8 @@ def class_results(tmp_path_factory):
 
 def test_the_gradebook_has_a_row_per_submission_and_a_column_per_exercise(class_results):
     code, out, rows, header, _ = class_results
-    assert header == ["submission", "gather_all", "sum_to_rank0", "total", "possible", "notes"]
+    assert header == ["submission", "gather_all", "sum_to_rank0", "total", "possible", "notes",
+                      "isolation"]
     assert sorted(rows) == ["crash.ipynb", "good.ipynb", "no_graders.ipynb", "not_json.ipynb",
                             "partial.ipynb"]
     assert code == 1  # not every submission has full points

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import dlcourse
+from dlcourse import errors
 from conftest import wait_gone
 
 
@@ -115,15 +116,20 @@ def _segfault():
 
 
 @pytest.mark.parametrize(
-    "action, expected",
+    "action, expected, outcome",
     [
-        (_raise, "rank 2 raised ValueError: rank two is unhappy"),
-        (_exit, "rank 2 exited with code 7 before returning a result"),
-        (_segfault, "rank 2 was killed by SIGSEGV"),
+        (_raise, "rank 2 raised ValueError: rank two is unhappy",
+         dict(state=errors.RAISED, exception="ValueError", message="rank two is unhappy")),
+        (_exit, "rank 2 exited with code 7 before returning a result",
+         dict(state=errors.EXITED, exit_code=7)),
+        (_segfault, "rank 2 was killed by SIGSEGV", dict(state=errors.SIGNALLED, signal="SIGSEGV")),
     ],
     ids=["raise", "os._exit", "segfault"],
 )
-def test_a_failing_rank_stops_all_and_is_named(tmp_path, action, expected):
+def test_a_failing_rank_stops_all_and_is_named(tmp_path, action, expected, outcome):
+    # The forkserver's first start (it imports torch: seconds on a loaded machine) is not what
+    # the 5 s promise is about: start it first.
+    dlcourse.launch(dist.get_rank, world_size=1, backend="gloo")
     start = time.monotonic()
     with pytest.raises(dlcourse.RankError) as info:
         dlcourse.launch(_pid_then(action), str(tmp_path), world_size=4, backend="gloo")
@@ -131,6 +137,12 @@ def test_a_failing_rank_stops_all_and_is_named(tmp_path, action, expected):
     assert str(info.value).startswith(expected), str(info.value)
     assert info.value.rank == 2
     assert "(so ranks 0, 1, 3 were stopped)" in str(info.value)
+    # The same facts as data: the culprit's typed outcome; each other rank was stopped running
+    # or only saw its peer go (a connection error in the barrier).
+    assert {k: getattr(info.value.outcome, k) for k in outcome} == outcome
+    peers = [info.value.outcomes[r] for r in (0, 1, 3)]
+    assert all(o.state == errors.RUNNING or o.from_peer for o in peers), peers
+    assert info.value.failures[2].startswith(expected.removeprefix("rank 2 "))
     assert not wait_gone(_pids(tmp_path), seconds=3)
 
 
@@ -143,6 +155,8 @@ def test_a_raising_rank_shows_its_own_traceback():
     with pytest.raises(dlcourse.RankError) as info:
         dlcourse.launch(fn, world_size=2, backend="gloo")
     assert info.value.rank == 1
+    assert info.value.outcome.raised(LookupError)  # KeyError's base, known without the object
+    assert not info.value.outcome.raised(ValueError)
     assert "KeyError: 'missing key'" in info.value.traceback
     assert 'in fn\n    {}["missing key"]' in info.value.traceback
     assert "dlcourse/worker.py" not in info.value.traceback  # the launcher's frames are hidden
@@ -176,6 +190,8 @@ def test_a_stuck_job_times_out_naming_the_running_ranks(kind, tmp_path):
     with pytest.raises(dlcourse.RankTimeout) as info:
         dlcourse.launch(fn, str(tmp_path), world_size=3, backend="gloo", timeout=3)
     assert time.monotonic() - start < 3 + 5
+    states = {r: o.state for r, o in info.value.outcomes.items()}
+    assert [r for r, state in states.items() if state == errors.RUNNING] == info.value.running
     if kind == "skipped collective":
         assert info.value.running == [1, 2]
         assert "ranks 1, 2 still running; rank 0 finished" in str(info.value)

@@ -7,14 +7,16 @@ reference's (matched by exercise id), so an edited check or edited points count 
 the exercises and points are the reference's.
 
 Whatever a submission does (crash the kernel, loop forever, fail to parse, not be a notebook,
-lose its grader cells) it gets a `Submission` with the reason, and the next one is graded.
+lose its grader cells) it gets a `Submission` with the reason, and the next one is graded. Each
+runs in a sandbox where bubblewrap is installed (`nbrun.isolation`), and nothing it started
+outlives its grading (`nbrun.end_family`).
 """
 
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlcourse.grading.nbrun import CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, run_cells
+from dlcourse.grading.nbrun import CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, isolation, run_cells
 from dlcourse.grading.notebooks import METADATA_KEY, GraderMarkError, grader_cells, read
 
 MISSING = "no grader cell for this exercise in the notebook"
@@ -40,6 +42,7 @@ class Submission:
     results: list = field(default_factory=list)  # one Result per exercise, notebook order
     notes: list = field(default_factory=list)  # what went wrong beyond the graders themselves
     readable: bool = True  # False: not a notebook at all, so nothing in it was graded
+    isolation: str = ""  # the sandbox it ran in (`nbrun.isolation()`); "" when nothing ran
 
     @property
     def total(self):
@@ -77,12 +80,15 @@ def expected_graders(reference):
 
 
 def grade_all(notebooks, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEOUT_S,
-              reference=None):
-    """Grade each notebook in turn (each runs ranks of its own), printing one line per notebook."""
+              reference=None, on_graded=None):
+    """Grade each notebook in turn (each runs ranks of its own), printing one line per notebook.
+    `on_graded(submissions so far)`, if given, runs after each (e.g. `Gradebook.write`)."""
     submissions = []
     for i, path in enumerate(notebooks, start=1):
         start = time.monotonic()
         submissions.append(grade_notebook(path, cell_timeout, notebook_timeout, reference))
+        if on_graded is not None:
+            on_graded(submissions)
         print(f"[{i}/{len(notebooks)}] {path}: {submissions[-1].total} points, graded in "
               f"{time.monotonic() - start:.1f} s", flush=True)
     return submissions
@@ -106,7 +112,8 @@ def grade_notebook(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_
                                 '{"dlcourse": {"grader": ..., "points": ...}}): were they deleted?')
     else:
         cells, problem = run_cells(path, cell_timeout, notebook_timeout,
-                                   nb=nb if reference is not None else None)
+                                   nb=nb if reference is not None else None, sandbox=True)
+        submission.isolation = isolation()
         submission.notes += [problem] if problem else []
         submission.results = [_score(g, cells.get(g.code_cell), problem) for g in graders]
         submission.notes += _failed_other_cells(cells, {g.code_cell for g in graders})

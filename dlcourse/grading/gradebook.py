@@ -1,13 +1,15 @@
 """What `dlcourse grade` shows and writes: a table per notebook and a CSV gradebook.
 
 The gradebook has one row per submission and one column per exercise (the points earned), then
-`total`, `possible` and `notes` (why points were lost). The exercises are the reference's (with
-`--against`), then any other grader cells of the notebooks graded in one call, in the order
+`total`, `possible`, `notes` (why points were lost) and `isolation` (the sandbox it ran in:
+"bubblewrap", or "none" where that is not installed; empty when nothing ran). The exercises are
+the reference's (with `--against`), then any other grader cells of the notebooks graded in one call, in the order
 first seen: grade one exercise set per call. A submission without an exercise's grader cell
 gets 0 for it, and a note.
 """
 
 import csv
+import os
 
 from dlcourse.grading.grade import MISSING, Result
 
@@ -53,12 +55,55 @@ def summary(submissions):
     return f"{len(submissions)} notebook(s) graded, {full} with full points"
 
 
-def write_csv(submissions, exercises, path):
-    with open(path, "w", newline="", encoding="utf-8") as f:
+def write_csv(submissions, exercises, path, kept=()):
+    """Write the gradebook: `kept` rows (dicts, from an earlier run) first, then `submissions`.
+    Written to a temporary file, flushed to disk and renamed over `path`: a run killed at any
+    moment leaves the previous gradebook or the new one, never half of one."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(["submission", *exercises, "total", "possible", "notes"])
+        header = ["submission", *exercises, "total", "possible", "notes", "isolation"]
+        writer.writerow(header)
+        for row in kept:
+            writer.writerow([row.get(column, "") for column in header])
         for sub in submissions:
             earned = {r.exercise: r.earned for r in sub.results}
             lost = [f"{r.exercise}: {r.reason}" for r in sub.results if r.reason]
             writer.writerow([str(sub.path), *(earned[e] for e in exercises), sub.total,
-                             sub.possible, " | ".join(sub.notes + lost)])
+                             sub.possible, " | ".join(sub.notes + lost), sub.isolation])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Gradebook:
+    """The CSV gradebook, written again after every submission: an interrupted run keeps each
+    row it finished, and a rerun with the same file grades only the notebooks not in it yet."""
+
+    def __init__(self, path, expected=()):
+        self.path, self.expected = path, expected
+        self.exercises, self.kept = _read(path)
+
+    def has(self, notebook):
+        return any(row["submission"] == str(notebook) for row in self.kept)
+
+    def write(self, submissions):
+        """Write the kept rows and `submissions` (aligned to every exercise) to the file."""
+        exercises = align(submissions, self.expected)
+        columns = self.exercises + [e for e in exercises if e not in self.exercises]
+        for sub in submissions:  # an exercise only earlier rows have: 0 for the new ones
+            have = {r.exercise for r in sub.results}
+            sub.results += [Result(e, 0, 0, MISSING) for e in columns if e not in have]
+        write_csv(submissions, columns, self.path, self.kept)
+
+
+def _read(path):
+    """(exercise columns, rows) of an existing gradebook, or ([], []) if there is none."""
+    if not os.path.exists(path):
+        return [], []
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        columns = reader.fieldnames or []
+    named = ("submission", "total", "possible", "notes", "isolation")
+    return [c for c in columns if c not in named], rows

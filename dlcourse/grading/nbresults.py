@@ -13,12 +13,15 @@ one-second slices and gives up as soon as the kernel process is gone.
 """
 
 import json
+import os
 import time
 from queue import Empty
 
 import pytest
 from nbval.kernel import RunningKernel
 from nbval.plugin import IPyNbCell
+
+from dlcourse.grading import nbrun
 
 POLL_S = 1.0  # how often a waiting cell checks that the kernel is still alive
 
@@ -37,12 +40,29 @@ def pytest_configure(config):
     if path:
         config._dlcourse_results = open(path, "a", encoding="utf-8")
         _watch_for_dead_kernels()
+        # Orphans of the notebook's processes (a double fork, a `setsid`) become ours, so that
+        # the end of the run can end them: nothing a submission starts outlives its grading.
+        config._dlcourse_reaper = nbrun.become_subreaper()
 
 
 def pytest_unconfigure(config):
     results = getattr(config, "_dlcourse_results", None)
     if results is not None:
         results.close()
+    if getattr(config, "_dlcourse_reaper", False):
+        nbrun.end_family(os.getpid(), include_root=False)
+        _reap()
+
+
+def _reap():
+    """Collect the exit status of every child that has ended, so none is left a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 @pytest.hookimpl(wrapper=True)

@@ -6,8 +6,11 @@ everything the kernel started (ranks included); the `nbresults` plugin has alrea
 cells that finished, so they still count.
 """
 
+import ctypes
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,14 +23,17 @@ CELL_TIMEOUT_S = 60.0  # a grader cell runs a few short launches; a minute means
 NOTEBOOK_TIMEOUT_S = 300.0  # kernel start + every cell; an exercise notebook takes ~10 s
 
 
-def run_cells(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEOUT_S, nb=None):
+def run_cells(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEOUT_S, nb=None,
+              sandbox=False):
     """Run every cell of the notebook at `path` (or of `nb`, written to a temporary folder under
     the same name and run there) under nbval. Returns
     ({code cell index: {"outcome": "passed" | "failed" | "skipped", "reason": ...}}, problem),
-    `problem` being "" or why the run as a whole fell short (time limit, pytest failure)."""
-    path = Path(path)
+    `problem` being "" or why the run as a whole fell short (time limit, pytest failure).
+    `sandbox`: run it in `isolation()`'s sandbox, which sees only a copy of the notebook."""
+    path = original = Path(path).resolve()
     with tempfile.TemporaryDirectory(prefix="dlcourse-grade-") as tmp:
-        if nb is not None:
+        if nb is not None or sandbox:
+            nb = nb if nb is not None else nbformat.read(str(path), as_version=4)
             path = Path(tmp, "run", path.name)
             path.parent.mkdir()
             nbformat.write(nb, str(path))
@@ -40,6 +46,8 @@ def run_cells(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEO
             "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={cell_timeout:g}",
             str(path),
         ]
+        if sandbox and isolation() == BUBBLEWRAP:
+            command = _in_bubblewrap(command, tmp, hide=original.parent)
         returncode, output = _run_with_limit(command, notebook_timeout)
         cells = _read_results(results)
     if returncode is None:
@@ -48,6 +56,47 @@ def run_cells(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEO
         tail = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
         return cells, f"nbval could not run the notebook (pytest exit {returncode}): {tail[0]}"
     return cells, ""
+
+
+BUBBLEWRAP, NONE = "bubblewrap", "none"
+
+
+@functools.cache
+def isolation():
+    """How `run_cells(sandbox=True)` isolates a submission: "bubblewrap" where `bwrap` is
+    installed (Debian: `apt-get install bubblewrap`) and works, else "none", said once."""
+    bwrap = shutil.which("bwrap")
+    works = bwrap and subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "true"],
+                                     capture_output=True).returncode == 0
+    if not works:
+        print("dlcourse grade: WARNING: no sandbox (bubblewrap's `bwrap` is not installed or "
+              "cannot make namespaces here), so a submission runs with the grader's rights: it "
+              "could read other submissions or change files. Install bubblewrap to isolate "
+              "each one.", file=sys.stderr)
+    return BUBBLEWRAP if works else NONE
+
+
+def _in_bubblewrap(command, folder, hide):
+    """`command` in a sandbox (Linux namespaces through bubblewrap): its own PID namespace (it
+    cannot see or signal the grader, and every process in it ends with it), no network but its
+    own loopback (the ranks' rendezvous), the whole system read-only (the course package, the
+    gradebook), the folder `hide` (the submissions) replaced by an empty one, a private /tmp and
+    HOME, and `folder` (the notebook's copy and the results file) the only place it can write."""
+    return ["bwrap", "--ro-bind", "/", "/", *_hiding(hide), "--dev", "/dev", "--proc", "/proc",
+            "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--bind", folder, folder,
+            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--die-with-parent", "--new-session", "--setenv", "HOME", "/tmp",
+            "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp/jupyter", "--chdir", folder, "--", *command]
+
+
+def _hiding(folder):
+    """bwrap arguments that empty `folder`, unless Python itself lives inside it; the course
+    package is put back (read-only) in case it did."""
+    inside = [Path(sys.prefix).resolve(), Path(tempfile.gettempdir()).resolve()]
+    if any(p == folder or folder in p.parents for p in inside):
+        return []
+    package = str(Path(__file__).resolve().parents[1])
+    return ["--tmpfs", str(folder), "--ro-bind", package, package]
 
 
 def _run_with_limit(command, seconds):
@@ -67,16 +116,54 @@ def _run_with_limit(command, seconds):
 
 
 def _kill_tree(pid):
-    """SIGKILL `pid` and everything below it. jupyter_client starts the kernel in a session of
-    its own, so a process-group kill would miss it (and the ranks it launched); /proc knows the
-    whole family. Where there is no /proc, the kernel notices its parent is gone and exits."""
-    family = [pid]
+    """SIGKILL `pid` and everything below it (see `end_family`)."""
+    end_family(pid)
+
+
+def end_family(pid, include_root=True):
+    """SIGKILL every process below `pid` (and `pid` itself with `include_root`), leaving none.
+
+    jupyter_client starts the kernel in a session of its own, so a process-group kill would miss
+    it (and the ranks it launched); /proc knows the whole family. Each member is first stopped
+    (SIGSTOP), so none can start another while we look, until a look finds no one new; then all
+    are killed. A process that left its parent (a double fork, `setsid` and exit) is found too
+    where the root is a subreaper (`become_subreaper`): Linux gives it the root as its parent.
+    Where there is no /proc, the kernel notices its parent is gone and exits."""
+    stopped = set()
+    while True:
+        new = _family(pid, include_root) - stopped
+        if not new:
+            break
+        _signal_all(new, signal.SIGSTOP)
+        stopped |= new
+    _signal_all(stopped, signal.SIGKILL)
+    return stopped
+
+
+def become_subreaper():
+    """Make this process the parent of every orphan below it (Linux PR_SET_CHILD_SUBREAPER): a
+    submission's process that double-forks or calls `setsid` then stays in reach of
+    `end_family(os.getpid())`. False where Linux does not offer it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+_PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
+
+
+def _family(pid, include_root):
     children = _children_by_parent()
+    family = [pid]
     for p in family:  # grows as we go: breadth-first over the tree
         family += children.get(p, [])
-    for p in family:
+    return set(family) if include_root else set(family) - {pid}
+
+
+def _signal_all(pids, sig):
+    for p in pids:
         try:
-            os.kill(p, signal.SIGKILL)
+            os.kill(p, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
