@@ -58,13 +58,15 @@ def layer_params(spec):
 
 def stage_params(spec, layout):
     """Parameters on one GPU of the busiest pipeline stage: ceil(L/p) layers, plus the embedding
-    on the first stage or the final norm and head (untied, or a tied copy when p > 1) on the
+    on the first stage (the vocabulary split over tp, the position table whole, as lesson 04 and
+    Megatron-LM keep it) or the final norm and head (untied, or a tied copy when p > 1) on the
     last."""
     split, replicated = layer_params(spec)
     layers = math.ceil(spec.n_layers / layout.pp) * (split / layout.tp + replicated)
     head = _head(spec) or (spec.vocab_size * spec.hidden if layout.pp > 1 else 0)
     final_norm = 2 * spec.hidden if spec.bias else spec.hidden  # replicated on every tp rank
-    ends = [_embedding(spec) / layout.tp, head / layout.tp + final_norm]
+    positions = spec.seq_len * spec.hidden if spec.learned_positions else 0  # not split (lesson 04)
+    ends = [spec.vocab_size * spec.hidden / layout.tp + positions, head / layout.tp + final_norm]
     return layers + (sum(ends) if layout.pp == 1 else max(ends))
 
 

@@ -38,9 +38,17 @@ def plot_cost_vs_time(plans, tokens, recommended=None, ax=None, top=200):
     ax.set_xscale("log")  # each doubling of the GPUs halves the time at best: equal steps
     for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
         axis(FuncFormatter(lambda x, _: f"{x:g}"))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"${y / 1e6:.2f}M"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _dollars(y)))
     ax.set_xlabel(f"days to train on {tokens / 1e9:,.0f} B tokens (log scale)")
     ax.set_ylabel("cost of the training run")
     ax.set_title("Every layout that fits: cost against time")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return ax
+
+
+def _dollars(y):
+    """$1.25M, $830k, $12: three significant digits in the unit that fits."""
+    for unit, size in (("M", 1e6), ("k", 1e3)):
+        if abs(y) >= size:
+            return f"${y / size:.3g}{unit}"
+    return f"${y:.3g}"

@@ -1,0 +1,81 @@
+"""Lesson 07's figures (`lessons/07_combining.ipynb`): the rank grid, which ranks talk on which
+axis, and what each grid measured per rank beside its formula. Pure functions of a `RankGrid`
+and of measured numbers."""
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+AXIS_STYLE = {  # axis -> (colour, what runs on it)
+    "tp": ("tab:red", "tp: all-reduce of activations, every layer"),
+    "dp": ("tab:blue", "dp: gradients averaged (or ZeRO shards), once a step"),
+    "pp": ("tab:green", "pp: activations sent to the next stage"),
+}
+
+
+def rank_position(grid, rank):
+    """(x, y) of `rank` in the picture: one panel per pipeline stage, tp across, dp down."""
+    c = grid.coords(rank)
+    return c["pp"] * (grid.tp + 1) + c["tp"], -c["dp"]
+
+
+def plot_rank_grid(grid, ax=None, title=None, legend=True):
+    """Every rank as a numbered dot, and one line per group of each axis joining its ranks
+    (pp groups as arcs over the stages, higher for a higher tp coordinate, so none overlap)."""
+    ax = ax or plt.subplots(figsize=(2 + 1.3 * grid.pp * (grid.tp + 1), 1.5 + grid.dp))[1]
+    for axis, (colour, label) in AXIS_STYLE.items():
+        if getattr(grid, axis) == 1:
+            continue
+        for i, ranks in enumerate(grid.axis_groups(axis)):
+            xs, ys = zip(*(rank_position(grid, r) for r in ranks))
+            if axis == "pp":  # an arc from the first stage to the last
+                t = np.linspace(0, 1, 50)
+                lift = 0.25 + 0.2 * grid.coords(ranks[0])["tp"]
+                xs = xs[0] + (xs[-1] - xs[0]) * t
+                ys = ys[0] + lift * 4 * t * (1 - t)
+            ax.plot(xs, ys, "-", color=colour, lw=3, alpha=0.6,
+                    label=label if i == 0 else None, zorder=1)
+    for rank in range(grid.world_size):
+        x, y = rank_position(grid, rank)
+        ax.scatter([x], [y], s=500, color="white", edgecolors="black", zorder=2)
+        ax.text(x, y, str(rank), ha="center", va="center", fontsize=10, zorder=3)
+    for stage in range(grid.pp):
+        ax.text(stage * (grid.tp + 1) + (grid.tp - 1) / 2, -grid.dp + 0.5, f"stage {stage}",
+                ha="center", fontsize=9)
+    ax.set_xlim(-0.7, grid.pp * (grid.tp + 1) - 0.3)
+    ax.set_ylim(-grid.dp + 0.3, 0.2 + 0.2 * grid.tp + (0.25 if grid.pp > 1 else 0))
+    ax.set_xticks([]), ax.set_yticks([])
+    ax.set_xlabel("tp coordinate (inside each pipeline stage)")
+    ax.set_ylabel("dp coordinate")
+    ax.set_title(title or f"dp {grid.dp} x tp {grid.tp} x pp {grid.pp}: "
+                          f"{grid.world_size} ranks, order {' > '.join(grid.order)}")
+    if legend and grid.world_size > 1:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return ax
+
+
+def plot_grid_measurements(names, measured, formula, comm, comm_formula, step_ms):
+    """Three panels, one bar group per grid: model-state bytes of the busiest rank and bytes
+    rank 0 moved in one step (each measured beside its formula), and the median step time.
+    Returns the figure."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    xs = range(len(names))
+    axes[0].bar([x - 0.2 for x in xs], [b / 1e3 for b in measured], 0.4, label="measured")
+    axes[0].bar([x + 0.2 for x in xs], [b / 1e3 for b in formula], 0.4, label="formula")
+    axes[0].set_ylabel("kB per rank (busiest rank)")
+    axes[0].set_title("model state: params + grads + AdamW")
+    axes[0].legend(fontsize=8, loc="upper right")
+    axes[1].bar([x - 0.2 for x in xs], [b / 1e3 for b in comm], 0.4, label="measured")
+    axes[1].bar([x + 0.2 for x in xs], [b / 1e3 for b in comm_formula], 0.4, label="formula")
+    axes[1].set_ylabel("kB moved by rank 0 in one step")
+    axes[1].set_title("communication (bus bytes, CommCounter)")
+    axes[1].legend(fontsize=8, loc="upper right")
+    axes[2].bar(xs, step_ms, 0.6, color="tab:gray")
+    axes[2].set_ylabel("ms per step (median)")
+    axes[2].set_title("step time (ranks share this machine's cores)")
+    for ax in axes[:2]:
+        ax.set_ylim(0, 1.3 * ax.get_ylim()[1])  # room for the legend above the bars
+    for ax in axes:
+        ax.set_xticks(list(xs), names, rotation=20, fontsize=8)
+        ax.set_xlabel("grid")
+    fig.tight_layout()
+    return fig
