@@ -18,6 +18,9 @@ never imports them either.
                       unit), zero_cases.py (cases drawn per run) and zero_library.py (refusals)
     pipeline.py       lesson 06, with schedules.py (the 1F1B list and the loss scaling, run as a
                       schedule) and stages.py (the reference pipeline, its executor, refusals)
+    combining.py      lesson 07 (the rank grid, the collectives and bytes of a grid), with
+                      combining_plan.py (the planner's cost and choice) and combining_library.py
+                      (refusals: RankGrid, combine, the planner, DeviceMesh)
 
 Import from the module: `from dlcourse.checks.launch import check_gather_all`.
 """

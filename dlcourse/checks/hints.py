@@ -241,6 +241,53 @@ HINTS = {
         "n_stages - 1 of them",
         "the share is the waiting time over the whole step's time, waiting plus working",
     ),
+    # ------------------------------------------------------------ lesson 07: combining
+    "rank_coords": (
+        "the last axis of `order` is the innermost: consecutive ranks differ in it alone",
+        "the rank is a number written with mixed digits, one per axis, the last axis's digit "
+        "changing fastest, as in a C-ordered array of the grid's shape",
+        "walk the axes from the last of `order` to the first: divmod the rank by that axis's "
+        "size, the remainder is its coordinate, the quotient goes on to the next axis",
+    ),
+    "axis_groups": (
+        "two ranks share a group of `axis` when all their other coordinates are equal",
+        "only the innermost axis's groups are runs of consecutive ranks; the others are strided, "
+        "so work from the coordinates, not from rank numbers",
+        "compute every rank's coordinates, key each rank by its coordinates on the other two "
+        "axes, and collect the ranks of each key into one group",
+    ),
+    "step_collectives": (
+        "an axis of size 1 is a group of one rank: it has nothing to exchange",
+        "each axis carries one strategy: pp moves activations and gradients between stages, dp "
+        "combines the replicas' gradients, tp combines the partial results of split matrices",
+        "pp: send and recv; dp: all_reduce, or with ZeRO reduce_scatter and all_gather; tp: "
+        "all_reduce, plus all_gather and reduce_scatter with sequence parallelism, plus "
+        "all_gather on a pipeline's last stage; empty sets for axes of size 1",
+    ),
+    "grid_state_bytes": (
+        "first find the parameters one rank holds, then ask which axis ZeRO shards them over",
+        "tp cuts every layer into tp slices and pp gives each stage 1/pp of the layers, so a "
+        "rank holds Ψ / (tp pp) parameters; the dp replicas hold the same piece, which ZeRO "
+        "shards",
+        "bytes per parameter 2 + 2 + 12 (mixed) or 4 + 4 + 8 (fp32) for parameters, gradients "
+        "and optimizer state; multiply each by Ψ / (tp pp) and divide the first zero_stage of "
+        "(optimizer, gradients, parameters) by dp",
+    ),
+    "cost_per_million_tokens": (
+        "what does one step cost, and how many millions of tokens does it train on?",
+        "the price is per GPU and per hour: every GPU of the job is paid for, and the step "
+        "time is in seconds",
+        "multiply n_gpus by the price and by the step time in hours (seconds / 3600), then "
+        "divide by tokens_per_step / 1e6",
+    ),
+    "best_layout": (
+        "a layout that does not fit in memory cannot run, however cheap it would be",
+        "keep the layouts whose bytes_per_gpu are at most the budget; compare the rest by what "
+        "a million tokens cost, which counts every GPU, not by the step time",
+        "filter on bytes_per_gpu <= memory_budget, return None if nothing is left, else the "
+        "name of the layout with the least n_gpus x step_time_s (the price and the tokens are "
+        "the same for all three)",
+    ),
 }
 
 
