@@ -176,3 +176,12 @@ def test_a_none_gradient_given_to_a_collective_is_named_on_the_first_line():
     first = str(failed.value).splitlines()[0]
     assert "raised TypeError: dist.all_reduce was given None instead of a tensor: a " \
            "parameter's .grad is None until backward computes one" in first
+
+
+def test_a_function_listed_twice_is_given_back_its_own_code():
+    from dlcourse.checks.refuse import refusal, replaced
+    code = model_state_bytes.__code__
+    stand_in = refusal("model_state_bytes", "twice")
+    with replaced([], [(model_state_bytes, stand_in), (model_state_bytes, stand_in)]):
+        assert model_state_bytes.__code__ is not code
+    assert model_state_bytes.__code__ is code

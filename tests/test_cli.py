@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from dlcourse import tour
+from dlcourse.tour.combine import PLANS
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.backends import cpu_cores
 
@@ -32,9 +33,15 @@ def test_tour_prints_every_row_matching_the_reference():
     done = dlcourse_command("tour", "--steps", "2", "--world-size", "2", "--backend", "gloo")
     assert done.returncode == 0, done.stdout + done.stderr
     table = done.stdout.splitlines()
+    skipped = []
     for row in tour.ROWS:
-        line = next(l for l in table if l.startswith(row.name))
+        line = next((l for l in table if l.startswith(row.name)), None)
+        if line is None:  # a grid of 4 or 8 ranks cannot run on 2: said, with the reason
+            assert any(l.startswith(f"skipped {row.name} at 2 ranks: the grid ") for l in table)
+            skipped.append(row.name)
+            continue
         assert " yes " in line, line
+    assert skipped == list(PLANS), skipped  # only the grids of lesson 07 need more ranks
     assert "Every strategy matches the single-process reference" in done.stdout
 
 

@@ -268,7 +268,7 @@ def test_arguments_that_cannot_be_pickled_are_named():
 def test_world_size_must_match_an_outer_torchrun(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match="--nproc-per-node=4"):
+    with pytest.raises(ValueError, match="nodes x --nproc-per-node = 4"):
         dlcourse.launch(rank_and_sum, 0, world_size=4)
 
 

@@ -80,9 +80,12 @@ def replaced(namespaces, replacements):
     stand_ins = {id(original): stand_in for original, stand_in in replacements}
     saved = [(ns, key, value) for ns in namespaces for key, value in list(ns.items())
              if id(value) in stand_ins]
-    refused, swapped = Refused(), []
+    refused, swapped, seen = Refused(), [], set()
     for original, stand_in in replacements:
         message = getattr(stand_in, "message", None)
+        if id(original) in seen:  # listed twice: swapping again would save the refusing code
+            continue
+        seen.add(id(original))
         if isinstance(original, types.FunctionType) and message and not original.__closure__:
             refused.codes.append((original.__code__, message))
             swapped.append((original, original.__code__))
@@ -94,7 +97,7 @@ def replaced(namespaces, replacements):
     finally:
         for ns, key, value in saved:
             ns[key] = value
-        for original, code in swapped:
+        for original, code in reversed(swapped):
             original.__code__ = code
 
 
