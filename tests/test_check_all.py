@@ -45,3 +45,9 @@ def test_a_function_not_run_yet_is_named():
 def test_long_failures_are_cut_to_the_width():
     text = format_rows([("x", 0, 2, "word " * 60)], width=60)
     assert all(len(line) <= 60 for line in text.splitlines())
+
+
+def test_a_notebook_that_is_not_there_is_said_not_raised():
+    lines = []
+    assert check_all({}, "99_nothing", out=lines.append) == []
+    assert "no exercise notebook" in lines[0] and "99_nothing.ipynb" in lines[0]

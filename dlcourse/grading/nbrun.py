@@ -82,8 +82,10 @@ def _in_bubblewrap(command, folder, hide):
     own loopback (the ranks' rendezvous), the whole system read-only (the course package, the
     gradebook), the folder `hide` (the submissions) replaced by an empty one, a private /tmp and
     HOME, and `folder` (the notebook's copy and the results file) the only place it can write."""
+    # the course package is bound back read-only after the private /tmp, where a clone may live
     return ["bwrap", "--ro-bind", "/", "/", *_hiding(hide), "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--bind", folder, folder,
+            "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--ro-bind", _package(), _package(),
+            "--bind", folder, folder,
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--die-with-parent", "--new-session", "--setenv", "HOME", "/tmp",
             "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp/jupyter", "--chdir", folder, "--", *command]
@@ -95,8 +97,12 @@ def _hiding(folder):
     inside = [Path(sys.prefix).resolve(), Path(tempfile.gettempdir()).resolve()]
     if any(p == folder or folder in p.parents for p in inside):
         return []
-    package = str(Path(__file__).resolve().parents[1])
-    return ["--tmpfs", str(folder), "--ro-bind", package, package]
+    return ["--tmpfs", str(folder), "--ro-bind", _package(), _package()]
+
+
+def _package():
+    """The folder of the installed dlcourse package (an editable install's is the clone's)."""
+    return str(Path(__file__).resolve().parents[1])
 
 
 def _run_with_limit(command, seconds):
