@@ -13,7 +13,7 @@ from dlcourse.memory import storage_bytes
 from dlcourse.parallel.combine import GridPlan, combine
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.zero.measure import held_bytes
-from dlcourse.tour.common import RowResult, mean_over_ranks
+from dlcourse.tour.common import RowResult, mean_loss
 
 PLANS = {  # row name -> the plan; micro-batches only where a pipeline needs them
     "DP x TP (lesson 07)": GridPlan(RankGrid(dp=2, tp=2)),
@@ -48,8 +48,7 @@ def train_grid_row(name, cfg):
     fresh = combine(cfg.new_model(), plan, groups, lr=cfg.lr)
     with CommCounter() as comm:
         fresh.train_step(x, y)
-    last = loss if loss is not None else float("nan")  # pipeline ranks without the loss
-    return RowResult(_mean_loss(last, cfg), params, state, round(comm.bus_bytes()),
+    return RowResult(mean_loss(loss, cfg), params, state, round(comm.bus_bytes()),
                      statistics.median(times))
 
 
@@ -63,9 +62,3 @@ def _held_bytes(trainer):
     tensors += [t for s in trainer.optimizer.state.values() for t in s.values()
                 if torch.is_tensor(t)]
     return storage_bytes(tensors)
-
-
-def _mean_loss(loss, cfg):
-    """The loss averaged over the ranks that computed one (a pipeline's last stages)."""
-    has = loss == loss  # NaN on a rank without the loss
-    return mean_over_ranks(loss if has else 0.0, cfg) / mean_over_ranks(float(has), cfg)

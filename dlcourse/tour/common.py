@@ -92,6 +92,13 @@ def mean_over_ranks(value, cfg):
     return t.item() / dist.get_world_size()
 
 
+def mean_loss(loss, cfg):
+    """The loss averaged over the ranks that computed one: `loss` is None on a pipeline rank
+    without the last stage."""
+    has = loss is not None
+    return mean_over_ranks(loss if has else 0.0, cfg) / mean_over_ranks(float(has), cfg)
+
+
 def train_reference(cfg):
     model = cfg.new_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)

@@ -21,7 +21,7 @@ from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.pipeline import (SCHEDULES, cut_stages, gather_params, split_micro_batches,
                                         train_step)
 from dlcourse.parallel.pipeline.torch_api import torch_schedule, torch_train_step
-from dlcourse.tour.common import RowResult, held_bytes
+from dlcourse.tour.common import RowResult, held_bytes, mean_loss
 
 N_MICRO = 4  # micro-batches per step on each pipeline
 TORCH = "torch Schedule1F1B"
@@ -57,7 +57,7 @@ def train_pp_row(schedule, cfg, v=1):
         loss = step()
         times.append(time.perf_counter() - start)
     sent = sum(r.bus_bytes() for r in comm.records if r.op != "recv")  # what it put on its links
-    return RowResult(_mean_loss(loss, groups), gather_params(stages, groups.pp),
+    return RowResult(mean_loss(loss, cfg), gather_params(stages, groups.pp),
                      held_bytes(nn.ModuleList(stages), optimizer), round(sent),
                      statistics.median(times) if times else float("nan"))
 
@@ -69,10 +69,3 @@ def _step_fn(schedule, stages, optimizer, x, y, groups, v):
     micro = split_micro_batches(x, y, N_MICRO)
     return lambda: train_step(stages, optimizer, SCHEDULES[schedule], micro, groups.pp, v=v,
                               dp_group=groups.dp)
-
-
-def _mean_loss(loss, groups):
-    """The mean over the pipelines of their last stage's loss, on every rank."""
-    t = torch.tensor([loss if loss is not None else 0.0])
-    dist.all_reduce(t)
-    return t.item() / dist.get_world_size(groups.dp)
