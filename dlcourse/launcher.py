@@ -27,7 +27,7 @@ DEFAULT_TIMEOUT_S = 60.0  # a lesson cell's job runs in seconds; a deadlock show
 # 24.8 days. 24 days, less the process group's margin, stays below it.
 MAX_TIMEOUT_S = 24 * 24 * 3600.0 - worker.PROCESS_GROUP_MARGIN_S
 
-__all__ = ["launch", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S"]
+__all__ = ["launch", "launch_as_data", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S"]
 
 
 def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, **kwargs):
@@ -44,6 +44,19 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
     Inside a rank that is already launched (torchrun, or a rank of this launcher) `fn` runs in the
     current process under the existing process group and `[result]` is returned.
     """
+    return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=False)
+
+
+def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, **kwargs):
+    """`launch` for ranks that run code you do not trust (`dlcourse grade`'s checks run a
+    submission's functions this way): what each rank returns is saved with torch.save and read
+    back with torch.load(weights_only=True), which builds tensors, numbers, strings and lists,
+    tuples and dicts of them and nothing else; a rank's report of how it ended is read by an
+    unpickler that builds only a `RankOutcome`. No object a rank chose is ever unpickled here."""
+    return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=True)
+
+
+def _launch(fn, args, kwargs, world_size, backend, timeout, as_data):
     _check_arguments(fn, world_size, backend, timeout)
     if backends.in_launched_rank():
         return [_run_in_this_rank(fn, args, kwargs, world_size, backend, timeout)]
@@ -56,7 +69,8 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
     sources = _cell_sources()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     jobs = [
-        worker.RankJob(rank, world_size, backend, threads, store.port, timeout, payload, sources)
+        worker.RankJob(rank, world_size, backend, threads, store.port, timeout, payload, sources,
+                       as_data)
         for rank in range(world_size)
     ]
     try:

@@ -5,6 +5,7 @@ One thread waits on every rank's output pipe, result pipe and exit at once (`sel
 the notebook cell shows output as it comes and a failure is seen the moment it happens.
 """
 
+import io
 import os
 import pickle
 import selectors
@@ -13,6 +14,7 @@ import sys
 import time
 from collections import deque
 
+import torch
 
 from dlcourse import errors, pickling, worker
 from dlcourse.errors import RUNNING, RankOutcome
@@ -36,6 +38,7 @@ class Rank:
         self.value = None  # what it returned, pickled
         self.seen_at = None  # parent's time.monotonic() when the outcome arrived
         self.killed = False  # stopped by us: its exit is not its own failure
+        self.as_data = False  # its messages are read as data only (`worker.RankJob.as_data`)
 
 
 def run_ranks(ctx, jobs, timeout):
@@ -59,7 +62,7 @@ def run_ranks(ctx, jobs, timeout):
                 os.close(lifeline_w)  # releases the ranks: they leave the group and exit
                 lifeline_w = None
                 _drain(sel, EXIT_WAIT_S)
-                return [pickling.loads(r.value) for r in ranks]
+                return [_value(r) for r in ranks]
             _kill(ranks)
             _drain(sel, DRAIN_S)
         raise errors.launch_error([_final_outcome(r) for r in ranks], timeout)
@@ -86,7 +89,9 @@ def _start(ctx, job, lifeline_r):
         os.close(out_w)  # the rank has its own copy; ours would keep the pipe from ending
         results_w.close()
     os.set_blocking(out_r, False)
-    return Rank(job.rank, process, out_r, results_r)
+    rank = Rank(job.rank, process, out_r, results_r)
+    rank.as_data = job.as_data
+    return rank
 
 
 def _register(sel, ranks):
@@ -137,8 +142,48 @@ def _on_result(r):
     except (EOFError, OSError):
         return False
     if r.outcome is None:
-        (r.outcome, r.value), r.seen_at = pickle.loads(message), time.monotonic()
+        (r.outcome, r.value), r.seen_at = _report(r, message), time.monotonic()
     return True
+
+
+def _report(r, message):
+    """(outcome, value bytes) from a rank's message. A rank that runs code we do not trust
+    (`as_data`) could send any bytes: they are read by an unpickler that builds nothing but a
+    `RankOutcome` of plain values, and anything else counts as the rank's failure."""
+    if not r.as_data:
+        return pickle.loads(message)
+    try:
+        outcome, value = _OutcomeUnpickler(io.BytesIO(message)).load()
+        if isinstance(outcome, RankOutcome) and isinstance(value, (bytes, type(None))):
+            return outcome, value
+    except Exception:
+        pass
+    return _not_data(r.rank, "sent a report that is not a RankOutcome"), None
+
+
+def _value(r):
+    """What the rank returned: for `as_data`, read by torch.load(weights_only=True), which builds
+    tensors, numbers, strings and containers of them and refuses anything else."""
+    if not r.as_data:
+        return pickling.loads(r.value)
+    try:
+        return torch.load(io.BytesIO(r.value), weights_only=True)
+    except Exception as error:
+        raise errors.RankError(f"rank {r.rank} returned something that is not data ({error})",
+                               r.rank, outcomes={r.rank: _not_data(r.rank, str(error))}) from None
+
+
+def _not_data(rank, why):
+    return RankOutcome(rank, errors.RAISED, "TypeError", ("builtins.TypeError",),
+                       f"rank {rank} {why}: return tensors, numbers, or lists and dicts of them",
+                       time=time.monotonic())
+
+
+class _OutcomeUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) == ("dlcourse.errors", "RankOutcome"):
+            return RankOutcome
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a rank's report")
 
 
 def _on_exit(r):

@@ -7,6 +7,7 @@ group, runs the function, and sends back one message: its return value or how it
 
 import ctypes
 import faulthandler
+import io
 import linecache
 import multiprocessing
 import os
@@ -42,6 +43,7 @@ class RankJob:
     timeout_s: float  # the job's timeout; the process group's is PROCESS_GROUP_MARGIN_S longer
     payload: bytes  # cloudpickle of (fn, args, kwargs)
     sources: dict  # linecache entries of notebook cells, for readable tracebacks
+    as_data: bool = False  # send the result with torch.save, for a parent that reads only data
 
 
 class InheritedFd:
@@ -79,7 +81,7 @@ def main(job, output, results, lifeline):
     except BaseException as error:  # SystemExit and KeyboardInterrupt are failures too
         message = (_describe(error, job.rank), None)
     else:
-        message = _result(value, job.rank)
+        message = _result(value, job.rank, job.as_data)
     sys.stdout.flush()
     sys.stderr.flush()
     results.send_bytes(pickle.dumps(message))
@@ -211,13 +213,41 @@ def _join_process_group(job):
     )
 
 
-def _result(value, rank):
-    """(outcome, the value pickled) to send to the parent."""
+def _data_kind(value):
+    """'a Foo', or for a container, the first thing inside it that is not data."""
+    items = value.values() if isinstance(value, dict) else value
+    if isinstance(value, (list, tuple, dict)):
+        for item in items:
+            try:
+                torch.load(io.BytesIO(_saved(item)), weights_only=True)
+            except Exception:
+                return f"a {type(value).__name__} holding {_data_kind(item)}"
+    return f"a {type(value).__module__}.{type(value).__qualname__}".replace(" builtins.", " ")
+
+
+def _saved(value):
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _result(value, rank, as_data=False):
+    """(outcome, the value pickled) to send to the parent; `as_data`: saved by torch.save and
+    read back here as the parent will read it (`torch.load(weights_only=True)`), so a value
+    that is not data fails in the rank, with its type named."""
     try:
+        if as_data:
+            saved = _saved(value)
+            torch.load(io.BytesIO(saved), weights_only=True)
+            return RankOutcome(rank, RETURNED, time=time.monotonic()), saved
         return RankOutcome(rank, RETURNED, time=time.monotonic()), pickling.dumps(value)
     except Exception as error:
-        message = (f"rank {rank} returned a {type(value).__name__}, which cannot be pickled to "
-                   f"send back ({error}). Return tensors, numbers, or lists and dicts of them.")
+        if as_data:  # torch's message is about checkpoints; say what the rank sent instead
+            message = (f"rank {rank} returned {_data_kind(value)}, but this launch reads only "
+                       "data. Return tensors, numbers, strings, or lists, tuples and dicts of them.")
+        else:
+            message = (f"rank {rank} returned a {type(value).__name__}, which cannot be pickled "
+                       f"to send back ({error}). Return tensors, numbers, or lists and dicts of them.")
         outcome = RankOutcome(rank, RAISED, "TypeError", _type_names(TypeError), message,
                               f"TypeError: {message}\n", time=time.monotonic())
         return outcome, None

@@ -25,7 +25,7 @@ from dlcourse.checks.core import (
 )
 from dlcourse.checks.replicas import (
     LIBRARY, MODELS, TOLERANCE, Watch, batch, build, count, expect_gradients_reduced,
-    gradient_at, gradients, loss_of, refuse_library, refusing, shards, snapshot, worst_element,
+    gradient_at, gradients, loss_of, refuse_library, refusing_for, shards, snapshot, worst_element,
 )
 
 MB = 2**20  # bucket_cap_mb is in MiB, as in DDP
@@ -70,29 +70,40 @@ def check_make_buckets(make_buckets, *, rng):
         expected = [b.params for b in library.make_buckets(model, case.bucket_cap_mb)]
         got = call_in_process(make_buckets, (model, case.bucket_cap_mb), exercise="make_buckets",
                               where=where, hint=PLAN_HINT,
-                              guard=refusing(LIBRARY, [getattr(make_buckets, "__globals__", {})]))
+                              guard=partial(refusing_for, LIBRARY), answer=plan_by_name)
         _compare_plan(got, expected, model, cap, where)
     print(f"make_buckets: passed on {len(PLAN_CASES) + 1} cases (MLP, tied GPT, parameters without "
           "gradients; caps of 0, exactly full and one bucket; float32 and float64), equal to "
           "the lesson's plan")
 
 
+def plan_by_name(plan, model, bucket_cap_mb):
+    """The student's plan as data, made where it was computed: each Parameter of `model` by its
+    name, anything else as {"not": what it is}; {"not": ...} for a plan that is not a list of
+    lists. (Parameters are told apart by identity, which does not survive leaving the process.)"""
+    names = {id(p): n for n, p in model.named_parameters()}
+    if not isinstance(plan, (list, tuple)) or not all(isinstance(b, (list, tuple)) for b in plan):
+        return {"not": kind(plan)}
+    return [[names.get(id(p), {"not": kind(p)}) for p in bucket] for bucket in plan]
+
+
 def _compare_plan(got, expected, model, cap, where):
+    """`got`: the student's plan by name (`plan_by_name`); `expected`: the library's."""
     __tracebackhide__ = True
     names = {id(p): n for n, p in model.named_parameters()}
-    if not isinstance(got, (list, tuple)) or not all(isinstance(b, (list, tuple)) for b in got):
-        fail(where, None, f"returned {kind(got)}, expected a list of buckets, each a list of "
+    if isinstance(got, dict):
+        fail(where, None, f"returned {got['not']}, expected a list of buckets, each a list of "
                           "parameters", PLAN_HINT)
     for i, bucket in enumerate(got):
         if not bucket:
             fail(where, None, f"bucket {i} is empty", "open a new bucket only for a parameter")
         for p in bucket:
-            if id(p) not in names:
-                fail(where, None, f"bucket {i} holds {kind(p)}, which is not one of the model's "
+            if isinstance(p, dict):
+                fail(where, None, f"bucket {i} holds {p['not']}, which is not one of the model's "
                                   "parameters", "put the Parameter objects themselves in the "
                                                 "buckets (from model.parameters()), not their "
                                                 ".grad, .data or a copy")
-    flat = [names[id(p)] for b in got for p in b]
+    flat = [p for b in got for p in b]
     want = [names[id(p)] for b in expected for p in b]
     _expect_each_once(flat, want, model, where)
     if flat != want:
@@ -101,9 +112,10 @@ def _compare_plan(got, expected, model, cap, where):
                           f"{flat[at]}, expected {want[at]}",
              "take the parameters from the last to the first of model.parameters() "
              "(reversed(...)): the order in which backward produces their gradients")
+    by_name = dict(model.named_parameters())
     for i, (bucket, right) in enumerate(zip(got, expected)):
         if len(bucket) != len(right):
-            _explain_boundary(i, bucket, right, names, cap, where)
+            _explain_boundary(i, [by_name[n] for n in bucket], right, names, cap, where)
 
 
 def _expect_each_once(flat, want, model, where):

@@ -309,7 +309,7 @@ def check_all_reduce_time(all_reduce_time, *, rng):
 def _answer(fn, args, where):
     """fn(*args) with the lesson's answer refused; any error becomes a CheckFailed."""
     __tracebackhide__ = True
-    return call_in_process(fn, args, exercise="all_reduce_time", where=where, guard=_refused(fn))
+    return call_in_process(fn, args, exercise="all_reduce_time", where=where, guard=_refused)
 
 
 class _RefusedTable:

@@ -55,7 +55,7 @@ def check_grid_state_bytes(grid_state_bytes, *, rng):
         where = ("grid_state_bytes(n_params={:,}, dp={}, tp={}, pp={}, zero_stage={}, "
                  "mixed_precision={})".format(*args))
         got = call_in_process(grid_state_bytes, args, exercise="grid_state_bytes", where=where,
-                              guard=guard_for(grid_state_bytes), hint=STATE_HINT)
+                              guard=guard_for, hint=STATE_HINT)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             fail(where, None, f"returned {kind(got)}, expected a number of bytes", STATE_HINT)
         want = reference_state_bytes(*args)
@@ -114,7 +114,7 @@ def check_cost_per_million_tokens(cost_per_million_tokens, *, rng):
         where = ("cost_per_million_tokens(step_time_s={}, tokens_per_step={:,}, n_gpus={}, "
                  "price_per_gpu_hour={})".format(*args))
         got = call_in_process(cost_per_million_tokens, args, exercise="cost_per_million_tokens",
-                              where=where, guard=guard_for(cost_per_million_tokens),
+                              where=where, guard=guard_for,
                               hint=COST_HINT)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             fail(where, None, f"returned {kind(got)}, expected a number of dollars", COST_HINT)
@@ -207,7 +207,7 @@ def check_best_layout(best_layout, *, rng):
         where = (f"best_layout(three layouts, memory_budget={budget / 1e9:g} GB, "
                  f"price_per_gpu_hour={price}, tokens_per_step={tokens:,})")
         got = call_in_process(best_layout, ([dict(c) for c in cand], budget, price, tokens),
-                              exercise="best_layout", where=where, guard=guard_for(best_layout),
+                              exercise="best_layout", where=where, guard=guard_for,
                               hint=BEST_HINT)
         want = reference_best(cand, budget, price, tokens)
         if got != want:

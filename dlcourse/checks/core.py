@@ -63,6 +63,7 @@ from dlcourse import pickling
 from dlcourse.checks.refuse import (ForbiddenCall, Refused, forbidden, none_named,  # noqa: F401
                                     refusal, replaced)
 from dlcourse.errors import RankError, RankTimeout
+from dlcourse.launcher import launch_as_data
 
 # A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
 # torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
@@ -97,11 +98,16 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
     expect_callable(fn, exercise)
     world_size = len(rank_args)
-    student = StudentCode(pickling.dumps(fn), tuple(forbid), why_forbidden, guard)
+    submitted = isinstance(fn, Submitted)
+    payload = fn.payload if submitted else pickling.dumps(fn)
+    student = StudentCode(payload, tuple(forbid), why_forbidden, guard)
+    # A submission's function (`dlcourse grade`) may have changed anything in its ranks: what
+    # they send back is read as data only, never unpickled as objects here.
+    start = launch_as_data if submitted else dlcourse.launch
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
-        return dlcourse.launch(_in_rank, student, rank_args, harness,
-                               world_size=world_size, backend="gloo", timeout=timeout)
+        return start(_in_rank, student, rank_args, harness, submitted,
+                     world_size=world_size, backend="gloo", timeout=timeout)
     except RankTimeout as error:
         raise CheckFailed(
             f"{where or exercise}: did not finish within {timeout:g} s on {world_size} ranks "
@@ -159,11 +165,41 @@ def _explain(exercise, where, hint, error):
     return f"{where}: rank {error.rank} {summary}{hint}\n\n{error.traceback}"
 
 
-def _in_rank(student, rank_args, harness):
-    """Runs in every rank: the student's function (inside its guards), or the check's harness."""
+def _in_rank(student, rank_args, harness, as_data=False):
+    """Runs in every rank: the student's function (inside its guards), or the check's harness.
+    `as_data`: the arguments come back as data (a module or optimizer as None)."""
     args = rank_args[dist.get_rank()]
     value = harness(student, *args) if harness else student(*args)
-    return value, args
+    return value, (_data_only(args) if as_data else args)
+
+
+def _data_only(value):
+    """`value` with everything that is not a tensor, number, string or container of them as None."""
+    if isinstance(value, (torch.Tensor, str, bytes, int, float, bool, type(None))):
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_data_only(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _data_only(v) for k, v in value.items()}
+    return None
+
+
+class Submitted:
+    """A submission's function or class as `dlcourse grade` hands it to a check: the bytes the
+    notebook's kernel pickled, never unpickled in the checking process. Only the ranks load it
+    (`run_on_ranks`, and `call_in_process`, which runs it on one rank), and what they send back
+    is read as data. So the check's verdict comes from a process no student cell ran in."""
+
+    def __init__(self, name, payload):
+        self.__name__ = self.__qualname__ = name
+        self.payload = payload
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.__name__} is a submission's code: run it on ranks "
+                           "(run_on_ranks, call_in_process), never in the checking process")
+
+    def __repr__(self):
+        return f"<submitted {self.__name__}>"
 
 
 def fresh_cases(check):
@@ -193,16 +229,48 @@ def expect_callable(fn, exercise):
                           f"without parentheses), not {kind(fn)}")
 
 
-def call_in_process(fn, args, *, exercise, where, guard=None, hint=""):
+def call_in_process(fn, args, *, exercise, where, guard=None, hint="", answer=None):
     """fn(*args) in the notebook's own process, for exercises that are formulas rather than
-    ranks; `guard` (a context manager, e.g. `replaced(...)`) is active while it runs. What the
-    student's function raises becomes a CheckFailed that names the case (and gives `hint`)."""
+    ranks; `guard(fn)` (a function of the student's function that returns a context manager,
+    e.g. one built on `replaced(...)`) is active while it runs. What the student's function
+    raises becomes a CheckFailed that names the case (and gives `hint`). A `Submitted` function
+    (`dlcourse grade`) runs on one rank instead, its answer read back as data; `answer(value,
+    *args)`, if given, turns the answer into data where it is computed (both ways alike)."""
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
     expect_callable(fn, exercise)
+    if isinstance(fn, Submitted):
+        return _call_submitted(fn, args, exercise, where, guard, hint, answer)
+    return _call(fn, args, exercise, where, guard, hint, answer)
+
+
+def _call_submitted(fn, args, exercise, where, guard, hint, answer):
+    __tracebackhide__ = True
     try:
-        with guard or contextlib.nullcontext() as refused:
+        [value] = launch_as_data(_call_in_rank, fn.payload, args, exercise, where, guard, hint,
+                                 answer, world_size=1, backend="gloo", timeout=CHECK_TIMEOUT_S)
+        return value
+    except RankTimeout:
+        raise CheckFailed(f"{where}: did not return within {CHECK_TIMEOUT_S:g} s") from None
+    except RankError as error:
+        outcome = error.outcome
+        if outcome is not None and outcome.raised(CheckFailed):
+            raise CheckFailed(outcome.message) from None
+        raise CheckFailed(_explain(exercise, where, hint, error)) from None
+
+
+def _call_in_rank(payload, args, exercise, where, guard, hint, answer):
+    """The rank's side of `_call_submitted`: the function loaded and called as `_call` would."""
+    fn = pickling.loads(payload)
+    return _call(fn, args, exercise, where, guard, hint, answer)
+
+
+def _call(fn, args, exercise, where, guard, hint, answer=None):
+    __tracebackhide__ = True
+    try:
+        with guard(fn) if guard else contextlib.nullcontext() as refused:
             _refuse_copies(refused, fn)
-            return fn(*args)
+            value = fn(*args)
+        return answer(value, *args) if answer else value
     except ForbiddenCall as error:
         raise CheckFailed(f"{where}: {error}") from None
     except NotImplementedError as error:

@@ -18,6 +18,7 @@ model of 70 billion parameters.
 """
 
 import contextlib
+import functools
 import numbers
 import sys
 from collections.abc import Mapping
@@ -40,7 +41,7 @@ def _answer(fn, args, *, exercise, where, forbidden=(), why=""):
     error it raises becomes a CheckFailed that names the case."""
     __tracebackhide__ = True
     return call_in_process(fn, args, exercise=exercise, where=where,
-                           guard=_refused(fn, forbidden, why))
+                           guard=functools.partial(_refused, forbidden=forbidden, why=why))
 
 
 @contextlib.contextmanager

@@ -29,10 +29,15 @@ __all__ = ["check_stage_boundaries", "check_exchange", "check_last_stage_backwar
            "check_schedule_1f1b", "check_bubble_fraction"]
 
 
+def pipelines_guard_for(fn):
+    """`call_in_process(guard=...)`: the answers refused, the student's globals included."""
+    return refusing_pipelines([getattr(fn, "__globals__", {})])
+
+
 def _in_process(fn, args, exercise, where):
     __tracebackhide__ = True
     return call_in_process(fn, args, exercise=exercise, where=where,
-                           guard=refusing_pipelines([getattr(fn, "__globals__", {})]))
+                           guard=pipelines_guard_for)
 
 
 # ---------------------------------------------------------------- exercise 1: stage boundaries

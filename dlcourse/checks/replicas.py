@@ -155,6 +155,12 @@ LIBRARY = {
 }
 
 
+def refusing_for(names, fn):
+    """`call_in_process(guard=partial(refusing_for, names))`: `refusing`, the student's
+    function's globals included."""
+    return refusing(names, [getattr(fn, "__globals__", {})])
+
+
 def refusing(names, namespaces=()):
     """Make the LIBRARY entries in `names` raise ForbiddenCall under every name bound to them in
     dlcourse.parallel's modules and in `namespaces` (a student's globals), while the returned

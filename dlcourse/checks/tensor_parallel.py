@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail, kind,
-                                  random_tensor, run_on_ranks)
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, Submitted, expect_callable, expect_tensor,
+                                  fail, kind, random_tensor, run_on_ranks)
 from dlcourse.checks.tensor_layers import check_qkv_shard, check_vocab_parallel_cross_entropy
 from dlcourse.checks.tensor_library import draw, draw_tp_sizes, refuse_tensor_library
 
@@ -197,9 +197,8 @@ def check_g(g_function, seed=None, timeout=CHECK_TIMEOUT_S):
 def _check_function(fn, name, seed, timeout):
     __tracebackhide__ = True
     expect_callable(fn, name)
-    if not (isinstance(fn, type) and issubclass(fn, torch.autograd.Function)):
-        fail(name, None, f"the check needs your autograd Function class itself (class ...("
-                         f"torch.autograd.Function) with forward and backward), not {kind(fn)}")
+    if not isinstance(fn, Submitted) and not _is_function_class(fn):  # a submission: on the rank
+        fail(name, None, _not_a_function_class(fn))
     seed, rng = draw(seed)
     for tp in draw_tp_sizes(rng):
         split = "out" if name == "f" else "in"  # f enters a column layer, g leaves a row layer
@@ -219,6 +218,23 @@ def _check_function(fn, name, seed, timeout):
     print(f"{name}: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks): {what}")
 
 
+def _is_function_class(fn):
+    return isinstance(fn, type) and issubclass(fn, torch.autograd.Function)
+
+
+def _not_a_function_class(fn):
+    return (f"the check needs your autograd Function class itself (class ...("
+            f"torch.autograd.Function) with forward and backward), not {kind(fn)}")
+
+
+def _apply(student, x):
+    """student.fn.apply(x, WORLD), inside the guards, once it is known to be a Function class
+    (for a submission, only the rank has it unpickled)."""
+    if not _is_function_class(student.fn):
+        raise TypeError(_not_a_function_class(student.fn))
+    return student.fn.apply(x, dist.group.WORLD)
+
+
 def _f_in_rank(student, x, weight, upstream):
     """Runs in every rank: y = f(x) feeds this rank's rows of W (a column-parallel layer); the
     gradient of its output block flows back through the student's backward."""
@@ -226,7 +242,7 @@ def _f_in_rank(student, x, weight, upstream):
     x = x.clone().requires_grad_()
     w_r = weight.chunk(tp, dim=0)[rank]  # (out/t, in)
     with student.guarded():  # forward and backward both run the student's code
-        y = student.fn.apply(x, dist.group.WORLD)
+        y = _apply(student, x)
         if isinstance(y, torch.Tensor) and y.shape == x.shape and y.requires_grad:
             (y @ w_r.T * upstream.chunk(tp, dim=-1)[rank]).sum().backward()
     return _detached(y), _detached(x.grad)
@@ -239,7 +255,7 @@ def _g_in_rank(student, x, weight, upstream):
     w_r = weight.chunk(tp, dim=1)[rank].clone().requires_grad_()  # (out, in/t)
     partial = x.chunk(tp, dim=-1)[rank] @ w_r.T  # (..., out)
     with student.guarded():
-        y = student.fn.apply(partial, dist.group.WORLD)
+        y = _apply(student, partial)
         if isinstance(y, torch.Tensor) and y.shape == partial.shape and y.requires_grad:
             (y * upstream).sum().backward()
     return _detached(y), _detached(w_r.grad)

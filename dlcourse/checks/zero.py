@@ -158,14 +158,18 @@ def check_zero_bytes_per_rank(zero_bytes_per_rank, *, rng):
           "rank allocates")
 
 
+def _bytes_guard(fn):
+    """`call_in_process(guard=...)`: the library's answers and lesson 01's formula refused."""
+    return refusing_zero([getattr(fn, "__globals__", {})],
+                         extra=[("model_state_bytes from dlcourse.memory", model_state_bytes)])
+
+
 def _check_bytes_case(fn, n_params, world_size, stage, mixed):
     __tracebackhide__ = True
     where = (f"zero_bytes_per_rank(n_params={n_params:,}, world_size={world_size}, "
              f"stage={stage}, mixed_precision={mixed})")
-    guard = refusing_zero([getattr(fn, "__globals__", {})],
-                          extra=[("model_state_bytes from dlcourse.memory", model_state_bytes)])
     got = call_in_process(fn, (n_params, world_size, stage, mixed), exercise="zero_bytes_per_rank",
-                          where=where, guard=guard, hint=BYTES_HINT)
+                          where=where, guard=_bytes_guard, hint=BYTES_HINT)
     got = _as_parts(got, where)
     for part in PARTS:
         want = measured_bytes(n_params, world_size, part, part in STAGE_PARTS[stage], mixed)

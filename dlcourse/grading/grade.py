@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlcourse.grading import verdicts
+from dlcourse.grading.nbresults import reason_of
 from dlcourse.grading.nbrun import CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, isolation, run_cells
 from dlcourse.grading.notebooks import METADATA_KEY, GraderMarkError, grader_cells, read
 
@@ -111,25 +113,79 @@ def grade_notebook(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_
         submission.notes.append("no grader cells (a grader cell has metadata "
                                 '{"dlcourse": {"grader": ..., "points": ...}}): were they deleted?')
     else:
-        cells, problem = run_cells(path, cell_timeout, notebook_timeout,
-                                   nb=nb if reference is not None else None, sandbox=True)
+        calls = _export_graders(nb, graders)
+        decided = {}
+        cells, problem = run_cells(path, cell_timeout, notebook_timeout, nb=nb, sandbox=True,
+                                   after=lambda run: decided.update(_decide(run, calls, notebook_timeout)))
         submission.isolation = isolation()
         submission.notes += [problem] if problem else []
-        submission.results = [_score(g, cells.get(g.code_cell), problem) for g in graders]
+        submission.results = [_score(g, cells.get(g.code_cell), problem, g.code_cell in calls,
+                                     decided) for g in graders]
         submission.notes += _failed_other_cells(cells, {g.code_cell for g in graders})
+        submission.notes += _judged_in_kernel(graders, calls)
     graded = {r.exercise for r in submission.results}
     submission.results += [Result(g.exercise, g.points, 0, MISSING)
                            for g in expected if g.exercise not in graded]
     return submission
 
 
-def _score(grader, cell, problem):
+def _score(grader, cell, problem, exported, decided):
+    """The grader's Result: for an exported one (`_export_graders`), its cell only pickled the
+    objects, and the verdict is the fresh process's (`decided`); else the cell's own outcome."""
     if cell is None:  # nbval never reached it
         return Result(grader.exercise, grader.points, 0, problem or "not run")
     if cell["outcome"] == "passed":
-        return Result(grader.exercise, grader.points, grader.points)
+        if not exported:
+            return Result(grader.exercise, grader.points, grader.points)
+        verdict = decided.get(grader.code_cell)
+        if verdict is None:
+            return Result(grader.exercise, grader.points, 0, decided.get("problem", NO_VERDICT))
+        if not verdict:
+            return Result(grader.exercise, grader.points, grader.points)
+        return Result(grader.exercise, grader.points, 0,
+                      reason_of(verdict["ename"], verdict["evalue"]))
     reason = _NBVAL_REASONS.get(cell["reason"], cell["reason"]) or cell["outcome"]
     return Result(grader.exercise, grader.points, 0, reason)
+
+
+NO_VERDICT = "no verdict: the checking process ended without one"
+
+
+def _export_graders(nb, graders):
+    """Put an export cell (`verdicts.export_source`) in place of every grader that is a plain
+    check call; return {code cell: GraderCall} of those."""
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    calls = {}
+    for g in graders:
+        call = verdicts.grader_call(code_cells[g.code_cell].source)
+        if call is not None:
+            code_cells[g.code_cell].source = verdicts.export_source(g.code_cell, call)
+            calls[g.code_cell] = call
+    return calls
+
+
+def _decide(run, calls, seconds):
+    """{code cell: verdict} from `python -m dlcourse.checks.verdict`, run in the submission's
+    sandbox on the objects its kernel exported; {"problem": why} if none came back."""
+    if not calls:
+        return {}
+    stdin, key = verdicts.job(calls, str(run.notebook_folder))
+    returncode, output = run(verdicts.command(), seconds, stdin)
+    decided = verdicts.read(key, output)
+    if decided is not None:
+        return decided
+    why = (f"ran past its {seconds:g} s limit" if returncode is None
+           else f"exited with code {returncode}")
+    return {"problem": f"{NO_VERDICT} (it {why})"}
+
+
+def _judged_in_kernel(graders, calls):
+    kernel = [g.exercise for g in graders if g.code_cell not in calls]
+    if not kernel:
+        return []
+    return [f"grader cells of {', '.join(kernel)} are not one `check_...(name)` call from "
+            "dlcourse.checks, so their verdict came from the notebook's own kernel, where a "
+            "student cell could change it"]
 
 
 def restore_graders(nb, reference):

@@ -94,11 +94,16 @@ def _reason(item, call, report, outcome):
         return ""
     error = _error_output(item)
     if error is not None and error.get("ename") != "KeyboardInterrupt":
-        return _first_line(f"{error['ename']}: {error['evalue']}")
+        return reason_of(error['ename'], error['evalue'])
     if call.excinfo is not None:  # a timeout (nbval interrupted the kernel), a dead kernel
         return _first_line(str(call.excinfo.value))
     # nbval's own reason, e.g. its mark on every cell after a timed-out one.
     return _first_line(getattr(report, "wasxfail", "") or report.longreprtext)
+
+
+def reason_of(ename, evalue):
+    """The gradebook's line for an exception, as a kernel or the verdict process reports it."""
+    return _first_line(f"{ename}: {evalue}")
 
 
 def _first_line(text):

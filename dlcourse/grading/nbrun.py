@@ -24,12 +24,14 @@ NOTEBOOK_TIMEOUT_S = 300.0  # kernel start + every cell; an exercise notebook ta
 
 
 def run_cells(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEOUT_S, nb=None,
-              sandbox=False):
+              sandbox=False, after=None):
     """Run every cell of the notebook at `path` (or of `nb`, written to a temporary folder under
     the same name and run there) under nbval. Returns
     ({code cell index: {"outcome": "passed" | "failed" | "skipped", "reason": ...}}, problem),
     `problem` being "" or why the run as a whole fell short (time limit, pytest failure).
-    `sandbox`: run it in `isolation()`'s sandbox, which sees only a copy of the notebook."""
+    `sandbox`: run it in `isolation()`'s sandbox, which sees only a copy of the notebook.
+    `after(run)`, if given, is called before the temporary folder goes, with a `Run` that can
+    start more commands in the same sandbox and folder (the graders' verdicts)."""
     path = original = Path(path).resolve()
     with tempfile.TemporaryDirectory(prefix="dlcourse-grade-") as tmp:
         if nb is not None or sandbox:
@@ -46,16 +48,32 @@ def run_cells(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEO
             "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={cell_timeout:g}",
             str(path),
         ]
-        if sandbox and isolation() == BUBBLEWRAP:
-            command = _in_bubblewrap(command, tmp, hide=original.parent)
-        returncode, output = _run_with_limit(command, notebook_timeout)
+        run = Run(tmp, path.parent, original.parent if sandbox else None)
+        returncode, output = run(command, notebook_timeout)
         cells = _read_results(results)
+        if after is not None:
+            after(run)
     if returncode is None:
         return cells, f"not reached: the notebook ran past its {notebook_timeout:g} s time limit"
     if returncode not in (0, 1) and not cells:  # pytest itself failed: usage, collection, ...
         tail = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
         return cells, f"nbval could not run the notebook (pytest exit {returncode}): {tail[0]}"
     return cells, ""
+
+
+class Run:
+    """Commands run in one temporary `folder` (the only place they can write), in the sandbox
+    when `hide` (the submissions' folder) is given and bubblewrap works; `notebook_folder` is
+    where the notebook's copy and its kernel's files are."""
+
+    def __init__(self, folder, notebook_folder, hide):
+        self.folder, self.notebook_folder, self.hide = folder, notebook_folder, hide
+
+    def __call__(self, command, seconds, stdin=None):
+        """(exit code, output) of `command`, or (None, output) past `seconds`."""
+        if self.hide is not None and isolation() == BUBBLEWRAP:
+            command = _in_bubblewrap(command, self.folder, hide=self.hide)
+        return _run_with_limit(command, seconds, stdin)
 
 
 BUBBLEWRAP, NONE = "bubblewrap", "none"
@@ -66,8 +84,8 @@ def isolation():
     """How `run_cells(sandbox=True)` isolates a submission: "bubblewrap" where `bwrap` is
     installed (Debian: `apt-get install bubblewrap`) and works, else "none", said once."""
     bwrap = shutil.which("bwrap")
-    works = bwrap and subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "true"],
-                                     capture_output=True).returncode == 0
+    works = bwrap and subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", *_not_root(),
+                                      "true"], capture_output=True).returncode == 0
     if not works:
         print("dlcourse grade: WARNING: no sandbox (bubblewrap's `bwrap` is not installed or "
               "cannot make namespaces here), so a submission runs with the grader's rights: it "
@@ -87,8 +105,17 @@ def _in_bubblewrap(command, folder, hide):
             "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--ro-bind", _package(), _package(),
             "--bind", folder, folder,
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            *_not_root(),
             "--die-with-parent", "--new-session", "--setenv", "HOME", "/tmp",
             "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp/jupyter", "--chdir", folder, "--", *command]
+
+
+def _not_root():
+    """bwrap arguments for a user namespace where the submission is not root: run by root,
+    bubblewrap keeps every capability, and root regains them at each exec; an ordinary user id
+    has none (so a rank cannot trace the verdict process, `dlcourse/checks/verdict.py`)."""
+    return ["--unshare-user", "--uid", str(os.getuid() or 1000), "--gid", str(os.getgid() or 1000),
+            "--cap-drop", "ALL"]
 
 
 def _hiding(folder):
@@ -105,15 +132,17 @@ def _package():
     return str(Path(__file__).resolve().parents[1])
 
 
-def _run_with_limit(command, seconds):
-    """Run `command`; return (exit code, output), or (None, output) if it ran past `seconds`."""
+def _run_with_limit(command, seconds, stdin=None):
+    """Run `command` (`stdin` text on its standard input); return (exit code, output), or
+    (None, output) if it ran past `seconds`."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     # Only the plugins named on the command line: the others cost a second per notebook.
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.PIPE if stdin is not None else None,
                                text=True, env=env, start_new_session=True)
     try:
-        output, _ = process.communicate(timeout=seconds)
+        output, _ = process.communicate(stdin, timeout=seconds)
         return process.returncode, output
     except subprocess.TimeoutExpired:
         _kill_tree(process.pid)
