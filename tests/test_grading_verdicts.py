@@ -10,9 +10,14 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
+from checking import first_line_and_hint
+from dlcourse import pickling
+from dlcourse.checks.core import Submitted
+from dlcourse.checks.data_parallel import check_make_buckets
+from dlcourse.checks.tensor_parallel import check_f
+from dlcourse.errors import RankError
 from dlcourse.grading import grade, verdicts
 from dlcourse.launcher import launch_as_data
-from dlcourse.errors import RankError
 from test_grading_cli import EXERCISE, ROOT, _cell
 
 REFERENCE = ROOT / "exercises" / "00_launch.ipynb"
@@ -138,3 +143,23 @@ def _identity_on_rank():
     import torch
     import torch.distributed as dist
     return {"rank": dist.get_rank(), "t": torch.arange(2.0).tolist()}
+
+
+def _submitted(obj):
+    return Submitted(obj.__name__, pickling.dumps(obj))
+
+
+def test_a_submitted_answer_gets_the_verdict_the_kernel_would_give(capsys):
+    """The checks whose answers are not plain data: a plan of Parameter objects (told apart by
+    identity, so named where it is computed) and an autograd Function class (known to be one
+    only where it is unpickled, on the rank)."""
+    from test_checks_make_buckets import make_buckets, make_buckets_forward_order
+    from test_checks_tensor_parallel import MegatronF, not_a_function
+
+    check_make_buckets(_submitted(make_buckets))
+    check_f(_submitted(MegatronF))
+    assert "make_buckets: passed" in capsys.readouterr().out
+    first, _ = first_line_and_hint(check_make_buckets, _submitted(make_buckets_forward_order))
+    assert "the parameters are in another order" in first, first
+    first, _ = first_line_and_hint(check_f, _submitted(not_a_function))
+    assert "autograd Function class itself" in first and "function" in first, first
