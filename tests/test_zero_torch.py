@@ -3,11 +3,11 @@ not divide Ψ = 5,642): ZeroRedundancyOptimizer = stage 1; FSDP2's fully_shard =
 (reshard_after_forward=False too, and with CPUOffloadPolicy); FSDP2's bytes per rank and its
 all-gathers and reduce-scatters counted beside the formulas.
 
-Tolerances: float64 as in test_zero.py (1e-10; measured ~5e-15). Mixed precision is not proven
-here: FSDP2 (MixedPrecisionPolicy) divides bf16 gradients before and after its reduce-scatter,
-ZeroStage3 after, and on this tiny GPT AdamW turns that bf16 rounding into weight differences
-of ~2e-2 after 3 steps at lr 1e-2 (measured), as large as bf16 against float64: no test could
-tell a mistake from rounding at that size.
+Tolerances: float64 as in test_zero.py (1e-10; measured ~5e-15). Mixed precision (bf16) is
+proven in test_zero_bf16.py at N = 2, bit for bit: FSDP2 divides bf16 gradients by 3 before its
+reduce-scatter at N = 3, not exact in bf16, while ZeroStage3 divides after; at N = 2 the
+pre-divide is by 2, exact. (A 2e-2 gap measured earlier came from FSDP2's fp32 masters starting
+at the unrounded fp32 init, not from the reduce-scatter.)
 """
 
 import math

@@ -105,8 +105,10 @@ def peak_formula(stage, held_before, working_bytes, gathered_bytes=0):
 
 
 def gathered_bytes(model):
-    """Stage 3's full parameters alive at once at worst: the root unit (kept all step) and two
-    blocks, the one computing and the next one prefetched: the largest unit's bytes, twice."""
+    """Stage 3's full parameters alive at the step's peak: the root unit (kept all step) and one
+    block. The peak is where backward starts, every activation still held, with the last block
+    gathered alone (`ZeroStage3` does not prefetch from it); two blocks are gathered at once only
+    later, when a block's activations are already freed."""
     sizes = [u.padded * u.params[0].element_size() for u in model.units]
     root = sizes.pop(model.root)
-    return root + (2 if model.prefetch else 1) * max(sizes)
+    return root + max(sizes)

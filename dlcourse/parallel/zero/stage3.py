@@ -9,8 +9,9 @@ only while they are needed:
   backward: all-gather again when the gradient of the unit's output arrives (a tensor hook),
             free when the unit's last gradient is in, then reduce-scatter its gradients (stage 2).
 While unit i computes, the all-gather of the next unit (i+1 in forward, i-1 in backward) is
-already under way (`prefetch`), so communication overlaps compute. The rest of the model (the
-embeddings, the final LayerNorm) is the root unit, gathered for the whole step.
+already under way (`prefetch`), so communication overlaps compute; not from the last block in
+backward, which starts at the step's peak (every activation held: see `_before_backward`). The
+rest of the model (the embeddings, the final LayerNorm) is the root unit, gathered all step.
 
 Freeing: the parameters are views of one flat buffer per unit; `untyped_storage().resize_(0)`
 releases its memory and leaves the views (and the tensors autograd saved from them) in place,
@@ -137,7 +138,11 @@ class ZeroStage3(nn.Module):
             self._free(i + 1)
         self._gather(i)  # a no-op if the prefetch already started it
         self._wait(i)
-        if self.prefetch and i > 0:
+        if self.prefetch and 0 < i < self.root - 1:
+            # Not from the last block: its backward starts with every activation of the forward
+            # still held, the step's peak, and a second gathered unit there would add its full
+            # parameters to that peak (measured, benchmarks/zero.py). Later blocks start with
+            # fewer activations, so their prefetch fits under it.
             self._gather(i - 1, async_op=True)
         self._backward_start = time.perf_counter()
 
