@@ -17,7 +17,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from dlcourse import backends, pickling, supervise, worker
+from dlcourse import backends, pickling, supervise, tracebacks, worker
 from dlcourse.backends import cpu_cores
 from dlcourse.errors import RankError, RankTimeout
 from dlcourse.scripts import check_main_guard
@@ -75,6 +75,8 @@ def _launch(fn, args, kwargs, world_size, backend, timeout, as_data):
     ]
     try:
         return supervise.run_ranks(_forkserver(), jobs, timeout)
+    except KeyboardInterrupt:  # run_ranks has stopped every rank; the student needs no frames
+        raise tracebacks.interrupted("launch interrupted; every rank was stopped") from None
     finally:
         del store  # closes the rendezvous port
 

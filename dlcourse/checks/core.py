@@ -64,6 +64,7 @@ from dlcourse.checks.refuse import (ForbiddenCall, Refused, forbidden, none_name
                                     refusal, replaced)
 from dlcourse.errors import RankError, RankTimeout
 from dlcourse.launcher import launch_as_data
+from dlcourse.tracebacks import student_traceback
 
 # A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
 # torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
@@ -80,6 +81,10 @@ COLLECTIVES = (
 
 class CheckFailed(AssertionError):
     """A student's function gave a wrong answer; the message says where and what to try."""
+
+    def _render_traceback_(self):
+        """How IPython shows it: the student's cell and the message, none of the checks' frames."""
+        return student_traceback(self)
 
 
 def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why_forbidden="",
