@@ -2,6 +2,7 @@
 shows one on purpose). Every sentence a failed launch says is composed here, from `RankOutcome`s.
 """
 
+import re
 import signal
 from dataclasses import dataclass
 
@@ -46,7 +47,8 @@ class RankOutcome:
             return f"raised {self.exception}" + (f": {self.message}" if self.message else "")
         if self.state == SIGNALLED:
             native = " (a crash in native code)" if self.signal == "SIGSEGV" else ""
-            return f"was killed by {self.signal}{native}"
+            reason = native_reason(self.last_output)
+            return f"was killed by {self.signal}{native}" + (f": {reason}" if reason else "")
         if self.state == EXITED:
             return f"exited with code {self.exit_code} before returning a result"
         return "is still running" if self.state == RUNNING else "returned"
@@ -57,6 +59,22 @@ class RankOutcome:
         if self.state == RAISED:
             return f"Traceback of rank {self.rank}:\n{self.traceback}"
         return f"Last output of rank {self.rank}:\n{self.last_output or '(it printed nothing)'}"
+
+
+# C++ prints an uncaught exception as "terminate called after throwing an instance of 'T'" then
+# "  what():  <message>" before it aborts; gloo's messages start with where its check failed.
+_WHAT = re.compile(r"^\s*what\(\):\s*(?:\[enforce fail at [^\]]*\]\s*)?(?P<reason>.+)$")
+
+
+def native_reason(last_output):
+    """What native code said as it aborted the rank, e.g. gloo's 'op.preamble.length <=
+    op.nbytes. 32 vs 16. Received data size doesn't match expected size. ...' for a message of the
+    wrong size; "" if the rank's last output holds no such line."""
+    for line in reversed(last_output.splitlines()):
+        match = _WHAT.match(line)
+        if match:
+            return match.group("reason").strip()
+    return ""
 
 
 def died(rank, exit_code, time):

@@ -146,7 +146,8 @@ def test_all_gather_assuming_even_chunks_fails_on_uneven_ones():
     first, _ = first_line_and_message(check_ring_all_gather, ag_assumes_even,
                                        timeout=HANG_TIMEOUT_S)
     assert first.startswith(AG_UNEVEN)
-    assert "was killed by SIGABRT" in first or "did not finish" in first
+    assert ("was killed by SIGABRT: " in first and "Received data size doesn't match" in first
+            or "did not finish" in first), first
 
 
 def test_all_gather_from_the_wrong_neighbour_hangs_and_says_so():

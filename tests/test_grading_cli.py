@@ -20,7 +20,7 @@ from nbformat.v4 import new_code_cell
 
 from conftest import wait_gone
 from dlcourse import cli
-from dlcourse.grading import grade, nbrun
+from dlcourse.grading import grade, gradebook, nbresults, nbrun
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = nbformat.read(str(ROOT / "solutions" / "00_launch.ipynb"), as_version=4)
@@ -116,6 +116,8 @@ def _points(row):
 
 def test_good_and_partial_submissions_get_their_points(class_results):
     _, out, rows, _, _ = class_results
+    # Full points from the verdict process (`--against`): no note that a grader was judged in
+    # the notebook's own kernel, nor any other.
     assert _points(rows["good.ipynb"]) == [3, 4, 7, 7] and rows["good.ipynb"]["notes"] == ""
     # The edited check, its points and its raises-exception tag all count for nothing.
     assert _points(rows["partial.ipynb"]) == [0, 4, 4, 7]
@@ -232,3 +234,27 @@ def test_folders_are_searched_and_missing_paths_refused(tmp_path, capsys):
     assert "no such file or folder" in capsys.readouterr().err
     assert cli.main(["grade", str(tmp_path / "b.ipynb"), "--against", str(tmp_path / "c.txt")]) == 2
     assert "not a readable notebook" in capsys.readouterr().err
+
+
+HINT = ("every rank must end with the same tensor: rank r's x in row r, so gather into a list "
+        "of world_size buffers, one per rank, and stack them in rank order before returning it")
+
+
+def test_the_gradebook_keeps_the_hint_trimmed_at_a_word():
+    message = f"gather_all: rank 1 returned wrong values\nHint: {HINT}\n\nTraceback ..."
+    reason = nbresults.reason_of("CheckFailed", message)
+    assert reason.startswith("CheckFailed: gather_all: rank 1 returned wrong values Hint: every")
+    assert "Traceback" not in reason
+    short = nbresults.trim(HINT, 60)
+    assert len(short) <= 60 and short.endswith("...")
+    assert HINT.startswith(short[:-3]) and HINT[len(short) - 3] in " ,;:"  # cut where a word ends
+    assert nbresults.trim("x" * 80, 60) == "x" * 57 + "..."  # one long word: cut, still marked
+
+
+def test_the_table_cuts_a_long_failure_line_at_a_word():
+    failure = "gather_all: rank 1 returned wrong values in chunk 0 Hint: " + HINT
+    sub = grade.Submission("a.ipynb", [grade.Result("gather_all", 3, 0, failure)])
+    row = gradebook.table(sub)[-1]
+    shown = row.split("failed  ", 1)[1]
+    assert shown.endswith("...") and len(shown) <= gradebook.REASON_WIDTH
+    assert failure.startswith(shown[:-3]) and failure[len(shown) - 3] in " ,;:"

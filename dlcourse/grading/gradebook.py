@@ -1,10 +1,11 @@
 """What `dlcourse grade` shows and writes: a table per notebook and a CSV gradebook.
 
 The gradebook has one row per submission and one column per exercise (the points earned), then
-`total`, `possible`, `notes` (why points were lost) and `isolation` (the sandbox it ran in:
-"bubblewrap", or "none" where that is not installed; empty when nothing ran). The exercises are
-the reference's (with `--against`), then any other grader cells of the notebooks graded in one call, in the order
-first seen: grade one exercise set per call. A submission without an exercise's grader cell
+`total`, `possible`, `notes` (why points were lost: each failure's first line and the check's
+hint, trimmed at a word) and `isolation` (the sandbox it ran in: "bubblewrap", or "none" where
+that is not installed; empty when nothing ran). The exercises are the reference's (with
+`--against`), then any other grader cells of the notebooks graded in one call, in the order first
+seen: grade one exercise set per call. A submission without an exercise's grader cell
 gets 0 for it, and a note.
 """
 
@@ -12,8 +13,9 @@ import csv
 import os
 
 from dlcourse.grading.grade import MISSING, Result
+from dlcourse.grading.nbresults import trim
 
-REASON_WIDTH = 100  # characters of a failure shown in the table; the CSV keeps the whole line
+REASON_WIDTH = 100  # characters of a failure shown in the table; the CSV keeps the line and hint
 
 
 def align(submissions, expected=()):
@@ -43,7 +45,7 @@ def table(sub):
         lines.append(f"  {'exercise'.ljust(width)}  points  result  first line of the failure")
     for r in sub.results:
         result = "passed" if not r.reason else "failed"
-        reason = r.reason if len(r.reason) <= REASON_WIDTH else r.reason[:REASON_WIDTH - 3] + "..."
+        reason = trim(r.reason, REASON_WIDTH)
         row = f"  {r.exercise.ljust(width)}  {r.earned:>2} / {r.points:<2} {result}  {reason}"
         lines.append(row.rstrip())
     lines += [f"  note: {note}" for note in sub.notes]

@@ -101,9 +101,24 @@ def _reason(item, call, report, outcome):
     return _first_line(getattr(report, "wasxfail", "") or report.longreprtext)
 
 
+HINT_WIDTH = 200  # characters of a check's hint the gradebook keeps after the failure's line
+
+
 def reason_of(ename, evalue):
-    """The gradebook's line for an exception, as a kernel or the verdict process reports it."""
-    return _first_line(f"{ename}: {evalue}")
+    """The gradebook's line for an exception, as a kernel or the verdict process reports it: its
+    first line, and the check's "Hint: ..." line (trimmed at a word) where the message has one."""
+    reason = _first_line(f"{ename}: {evalue}")
+    hint = next((line.strip() for line in str(evalue).splitlines()[1:]
+                 if line.startswith("Hint: ")), "")
+    return f"{reason} {trim(hint, HINT_WIDTH)}" if hint else reason
+
+
+def trim(text, width):
+    """`text` cut to at most `width` characters at a space, "..." marking the cut."""
+    if len(text) <= width:
+        return text
+    cut = text[:width - 3].rsplit(" ", 1)[0] if " " in text[:width - 3] else text[:width - 3]
+    return cut.rstrip(" ,;:") + "..."
 
 
 def _first_line(text):

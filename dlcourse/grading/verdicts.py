@@ -34,8 +34,9 @@ class GraderCall:
 
 
 def grader_call(source):
-    """The check call of a grader cell written as `from dlcourse.checks.x import check_y` lines
-    and one `check_y(name, ...)` call (positional names or literals); None for any other cell."""
+    """The check call of a grader cell made of imports of `check_y` from a module of the checks
+    package and one `check_y(name, ...)` call (positional names or literals); None for any other
+    cell."""
     try:
         body = ast.parse(source).body
     except SyntaxError:
