@@ -8,7 +8,12 @@ import torch
 import torch.distributed as dist
 
 from dlcourse import tour
+from dlcourse.models import GPTConfig
+from dlcourse.parallel.combine import GridPlan, activation_formula
+from dlcourse.parallel.grid import RankGrid
 from dlcourse.tour.combine import PLANS
+from dlcourse.tour.common import TourConfig
+from dlcourse.tour.pipeline import N_MICRO
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.backends import cpu_cores
 
@@ -43,6 +48,28 @@ def test_tour_prints_every_row_matching_the_reference():
         assert " yes " in line, line
     assert skipped == list(PLANS), skipped  # only the grids of lesson 07 need more ranks
     assert "Every strategy matches the single-process reference" in done.stdout
+    _activation_column_is_the_lessons_count(table)
+
+
+def _activation_column_is_the_lessons_count(table):
+    """Each counted row's busiest rank holds what lessons 01, 04 and 06 count, to the byte, at
+    2 ranks; ZeRO divides the model state, never the activations, so its rows equal DP's."""
+    config, batch = GPTConfig(), TourConfig().global_batch
+    dp, tp = GridPlan(RankGrid(dp=2)), GridPlan(RankGrid(tp=2))
+    plans = {"single process (reference)": GridPlan(RankGrid()), "TP (lesson 04)": tp,
+             "TP + SP (lesson 04)": GridPlan(RankGrid(tp=2), sequence_parallel=True),
+             **{f"DP {v} (lesson 03)": dp for v in ("naive", "bucketed", "overlapped")},
+             "torch DDP": dp, **{f"ZeRO stage {s} (lesson 05)": dp for s in ("1", "2", "3")},
+             "ZeRO stage 3 + offload (lesson 05)": dp,
+             **{f"PP {s} (lesson 06)": GridPlan(RankGrid(pp=2), micro_batches=N_MICRO, schedule=s)
+                for s in ("GPipe", "1F1B", "ZB-H1")}}
+    header = re.split(r"\s{2,}", table[next(i for i, l in enumerate(table)
+                                            if l.startswith("strategy"))])
+    column = header.index("activation bytes (busiest rank)")
+    for name, plan in plans.items():
+        cells = re.split(r"\s{2,}", next(l for l in table if l.startswith(name)))
+        got = int(cells[column].replace(",", ""))
+        assert got == activation_formula(config, plan, batch), (name, got)
 
 
 def _train_without_averaging(cfg):

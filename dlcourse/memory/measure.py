@@ -61,8 +61,8 @@ class SavedTensorLog:
         log.live_bytes()        # {"activations": ..., "weight_copies": ...} still held
         log.records             # one SavedRecord per saved tensor, in order
 
-    Saved parameters are skipped (they are the parameters), and so are tensors whose storage is
-    one of `ignore` (say, the batch the caller holds anyway). A saved tensor that is a
+    Saved parameters are skipped (they are the parameters, wherever their storage is at the
+    time), and so are tensors whose storage is one of `ignore` (say, the batch the caller holds anyway). A saved tensor that is a
     low-precision copy of a parameter (autocast's cast weights) is counted as "weight_copies".
     A storage counts as held until the last saved tensor on it is released by backward.
     """
@@ -107,7 +107,7 @@ class SavedTensorLog:
 
     def _pack(self, tensor):
         key = _key(tensor)
-        if key in self._skip:
+        if key in self._skip or key in self._param_storages():
             return tensor
         storage = tensor.untyped_storage()
         kind = "weight_copies" if _is_weight_copy(tensor, self._params) else "activations"
@@ -123,10 +123,31 @@ class SavedTensorLog:
             self.on_change(f"save {where or 'loss'} {tuple(tensor.shape)}")
         return tensor  # the tensor itself: the hook only watches, it changes nothing
 
+    def _param_storages(self):
+        """Where the parameters live now: ZeRO-3 (lesson 05) frees a parameter's storage after
+        each use and gathers it into new memory, so a key taken at the start goes stale."""
+        return {_key(p) for p in self._params if p.untyped_storage().nbytes()}
+
     def _release(self, key):
         self._live[key][2] -= 1
         if not self._live[key][2] and self.on_change:
             self.on_change("free")
+
+
+def peak_activations(model, run, ignore=()):
+    """Call `run()` with every tensor autograd saves counted (`SavedTensorLog(model, ignore)`);
+    return (what it returned, the most activation bytes held at once). A training step's peak
+    is where backward starts, every forward's activations still saved; a pipeline's peak is
+    wherever its schedule holds the most micro-batches (lesson 06)."""
+    peak = 0
+
+    def changed(event):
+        nonlocal peak
+        peak = max(peak, log.live_bytes()["activations"])
+
+    with SavedTensorLog(model, ignore=ignore, on_change=changed) as log:
+        result = run()
+    return result, peak
 
 
 def _unpack(tensor):

@@ -28,14 +28,17 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from dlcourse.memory import gpt_saved_tensors
 from dlcourse.models import lm_loss
 from dlcourse.parallel.data.buckets import all_reduce_buckets, make_buckets
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.parallel.grid import RankGrid
-from dlcourse.parallel.pipeline import SCHEDULES, cut_stages, split_micro_batches
+from dlcourse.parallel.pipeline import SCHEDULES, cut_stages, split_micro_batches, stage_boundaries
+from dlcourse.parallel.pipeline.measure import in_flight_peak
 from dlcourse.parallel.pipeline import train_step as pipeline_train_step
 from dlcourse.parallel.tensor import (ColumnParallelLinear, VocabParallelEmbedding, check_tp,
                                       parallelize, unshard, vocab_parallel_lm_loss)
+from dlcourse.parallel.tensor.activations import tp_saved_tensors
 from dlcourse.parallel.tensor.parallelize import parallel_block
 from dlcourse.parallel.zero import ZeroAdamW, zero
 
@@ -161,6 +164,36 @@ def combine(model, plan, groups, lr=1e-3, **adamw_kwargs):
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **adamw_kwargs)
     return GridTrainer(plan, groups, [model], optimizer, loss_fn, layout)
+
+
+def activation_formula(config, plan, batch):
+    """The most activation bytes a rank of `plan` holds at once in a step on `batch` sequences,
+    fp32, dropout 0, from the lessons' counts: lesson 01's saved tensors of the plain GPT
+    (`gpt_saved_tensors`) or lesson 04's of one tp rank (`tp_saved_tensors`), for the blocks and
+    ends of a rank's stage (lesson 06's `stage_boundaries`) on one micro-batch of
+    batch / (dp x m) sequences, times the micro-batches its schedule holds at once
+    (`in_flight_peak`); the busiest rank's. The batch itself is not counted."""
+    g, m = plan.grid, plan.micro_batches
+    micro = batch // (g.dp * m)
+    bounds = stage_boundaries(config.n_layers, g.pp)
+    per_stage = {s: _stage_activation_bytes(config, micro, g.tp, s == 0, s == g.pp - 1,
+                                            bounds[s + 1] - bounds[s], plan.sequence_parallel)
+                 for s in range(g.pp)}
+    actions = SCHEDULES[plan.schedule]
+    return max(in_flight_peak(actions(r, g.pp, m), per_stage) for r in range(g.pp))
+
+
+def _stage_activation_bytes(config, batch, tp, first, last, blocks, sequence_parallel):
+    """Bytes one micro-batch leaves saved on a stage: its ends' rows and `blocks` block rows.
+    A tp stage inside a pipeline gathers the logits and takes the plain loss (see
+    `tensor_parallel_stage`), so its loss rows are the plain GPT's."""
+    plain = gpt_saved_tensors(config, batch)
+    rows = tp_saved_tensors(config, batch, tp, sequence_parallel) if tp > 1 else plain
+    if tp > 1 and not (first and last):  # a pipeline's last stage: lm_loss on whole logits
+        rows = [r for r in rows if r.where != "loss"] + [r for r in plain if r.where == "loss"]
+    wanted = {"block"} | ({"embedding"} if first else set()) | ({"head", "loss"} if last else set())
+    return sum(r.numel * r.itemsize * (blocks if r.where == "block" else r.count)
+               for r in rows if r.where in wanted and r.kind == "activations")
 
 
 def tensor_parallel_stage(stage, group):

@@ -2,7 +2,8 @@
 
 Trains the course GPT with every strategy built so far, each on real ranks, checks each against
 the single-process reference, and prints: strategy, final loss, max difference from the
-reference, model-state bytes per rank, communication bytes per step, step time.
+reference, model-state bytes per rank, the activation bytes of the busiest rank (the rows of
+lessons 06 and 07; "-" where a row does not count them), communication bytes per step, step time.
 
 A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
 `RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that
@@ -97,6 +98,8 @@ def _run_row(row, cfg, world_size, backend):
     results = dlcourse.launch(row.train, cfg, world_size=world_size, backend=backend, timeout=600)
     first = results[0]
     first.state_bytes = max(r.state_bytes for r in results)
+    if first.activation_bytes is not None:  # the busiest rank: a pipeline's first stage
+        first.activation_bytes = max(r.activation_bytes for r in results)
     return first
 
 
@@ -109,6 +112,7 @@ def _summarise(row, result, reference, ranks):
         "max |Δ| vs reference": diff,
         "matches": diff <= MATCH_TOLERANCE,
         "model-state bytes/rank": result.state_bytes,
+        "activation bytes (busiest rank)": result.activation_bytes,
         "comm bytes/step/rank": result.comm_bytes,
         "step time (ms)": 1000 * result.step_time,
     }

@@ -7,9 +7,10 @@ import statistics
 import time
 
 import torch
+import torch.nn as nn
 
 from dlcourse.collectives.counter import CommCounter
-from dlcourse.memory import storage_bytes
+from dlcourse.memory import peak_activations, storage_bytes
 from dlcourse.parallel.combine import GridPlan, combine
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.zero.measure import held_bytes
@@ -33,7 +34,8 @@ def check_grid_row(name, cfg, world_size):
 
 def train_grid_row(name, cfg):
     """cfg.steps AdamW steps of the course GPT on `name`'s grid; one more step on a fresh copy
-    is counted apart, so that counting does not slow the timed steps."""
+    is counted apart (bytes moved, activations held), so that counting does not slow the timed
+    steps."""
     plan = PLANS[name]
     groups = plan.grid.new_groups()
     trainer = combine(cfg.new_model(), plan, groups, lr=cfg.lr)
@@ -47,9 +49,10 @@ def train_grid_row(name, cfg):
     params = {k: v.to("cpu") for k, v in trainer.full_parameters().items()}
     fresh = combine(cfg.new_model(), plan, groups, lr=cfg.lr)
     with CommCounter() as comm:
-        fresh.train_step(x, y)
+        _, activations = peak_activations(nn.ModuleList(fresh.modules),
+                                          lambda: fresh.train_step(x, y), ignore=(x, y))
     return RowResult(mean_loss(loss, cfg), params, state, round(comm.bus_bytes()),
-                     statistics.median(times))
+                     statistics.median(times), activations)
 
 
 def _held_bytes(trainer):

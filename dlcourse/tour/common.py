@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from dlcourse.memory import measure_model_state
+from dlcourse.memory import measure_model_state, peak_activations
 from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
 
 # Rounding: a sum over 4 ranks adds the same fp32 numbers in another order (~1e-7 relative).
@@ -51,6 +51,9 @@ class RowResult:
     state_bytes: int  # parameters + gradients + optimizer state held by this rank
     comm_bytes: int | None  # bytes this rank's collectives moved per step; None if not counted
     step_time: float  # median seconds per step
+    # the most activation bytes autograd held at once in one step (lesson 01's SavedTensorLog),
+    # the batch not counted; None where the row does not measure it
+    activation_bytes: int | None = None
 
 
 @dataclass
@@ -99,8 +102,22 @@ def mean_loss(loss, cfg):
     return mean_over_ranks(loss if has else 0.0, cfg) / mean_over_ranks(float(has), cfg)
 
 
+def step_activations(model, x, y):
+    """The most activation bytes one forward and backward of `model` on (x, y) holds; the
+    gradients it leaves are dropped."""
+    def step():
+        lm_loss(model(x), y).backward()
+
+    _, peak = peak_activations(model, step, ignore=(x, y))
+    model.zero_grad(set_to_none=True)
+    return peak
+
+
 def train_reference(cfg):
     model = cfg.new_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    loss, step_time = timed_steps(cfg, model, optimizer, *cfg.data())
-    return RowResult(loss, cpu_params(model), held_bytes(model, optimizer), 0, step_time)
+    x, y = cfg.data()
+    activations = step_activations(cfg.new_model(), x, y)  # a copy: the timed steps unwatched
+    loss, step_time = timed_steps(cfg, model, optimizer, x, y)
+    return RowResult(loss, cpu_params(model), held_bytes(model, optimizer), 0, step_time,
+                     activations)

@@ -7,7 +7,8 @@ import torch.distributed as dist
 from dlcourse.models import lm_loss
 from dlcourse.parallel.data.compare import count_step, wrap
 from dlcourse.parallel.data.steps import shard_batch
-from dlcourse.tour.common import RowResult, cpu_params, held_bytes, mean_over_ranks, timed_steps
+from dlcourse.tour.common import (RowResult, cpu_params, held_bytes, mean_over_ranks,
+                                  step_activations, timed_steps)
 
 
 def train_dp_row(variant, cfg):
@@ -20,5 +21,9 @@ def train_dp_row(variant, cfg):
     batch = shard_batch(cfg.data(), group)  # this rank's contiguous slice of the global batch
     loss, step_time = timed_steps(cfg, model, optimizer, *batch)
     comm = count_step(variant, cfg.new_model(), batch, lm_loss, group)
+    # A replica saves what the plain model saves on this rank's shard: the wrappers' gradient
+    # hooks save nothing. Counted on a plain copy, so that the timed steps run unwatched.
+    activations = step_activations(cfg.new_model(), *batch)
     return RowResult(mean_over_ranks(loss, cfg), cpu_params(model.module),
-                     held_bytes(model.module, optimizer), round(comm.bus_bytes()), step_time)
+                     held_bytes(model.module, optimizer), round(comm.bus_bytes()), step_time,
+                     activations)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dlcourse.collectives import CommCounter
+from dlcourse.memory import peak_activations
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.pipeline import (SCHEDULES, cut_stages, gather_params, split_micro_batches,
@@ -49,8 +50,8 @@ def train_pp_row(schedule, cfg, v=1):
     optimizer = torch.optim.AdamW([p for s in stages for p in s.parameters()], lr=cfg.lr)
     x, y = shard_batch(cfg.data(), groups.dp)  # each pipeline replica gets its slice
     step = _step_fn(schedule, stages, optimizer, x, y, groups, v)
-    with CommCounter() as comm:
-        loss = step()
+    with CommCounter() as comm:  # the first step counted: bytes sent, activations held
+        loss, activations = peak_activations(nn.ModuleList(stages), step, ignore=(x, y))
     times = []
     for _ in range(cfg.steps - 1):
         start = time.perf_counter()
@@ -59,7 +60,7 @@ def train_pp_row(schedule, cfg, v=1):
     sent = sum(r.bus_bytes() for r in comm.records if r.op != "recv")  # what it put on its links
     return RowResult(mean_loss(loss, cfg), gather_params(stages, groups.pp),
                      held_bytes(nn.ModuleList(stages), optimizer), round(sent),
-                     statistics.median(times) if times else float("nan"))
+                     statistics.median(times) if times else float("nan"), activations)
 
 
 def _step_fn(schedule, stages, optimizer, x, y, groups, v):

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from dlcourse.collectives.counter import CommCounter
-from dlcourse.memory import storage_bytes
+from dlcourse.memory import peak_activations, storage_bytes
 from dlcourse.parallel.tensor.compare import build, step
 from dlcourse.tour.common import RowResult
 
@@ -33,9 +33,16 @@ def train_tp_row(variant, cfg):
     state = local_state_bytes(model, optimizer)
     params = {k: v.to("cpu") for k, v in gather(model).items()}
     fresh, fresh_loss, _ = build(variant, cfg.new_model(), group)
+    fresh_step = lambda: step(fresh, torch.optim.AdamW(fresh.parameters(), lr=cfg.lr),  # noqa: E731
+                              fresh_loss, x, y)
+    activations = None
     with CommCounter() as comm:
-        step(fresh, torch.optim.AdamW(fresh.parameters(), lr=cfg.lr), fresh_loss, x, y)
-    return RowResult(loss.item(), params, state, round(comm.bus_bytes()), statistics.median(times))
+        if variant.startswith("dtensor"):
+            fresh_step()  # its parameters are DTensors, which lesson 01's log cannot key
+        else:
+            _, activations = peak_activations(fresh, fresh_step, ignore=(x, y))
+    return RowResult(loss.item(), params, state, round(comm.bus_bytes()), statistics.median(times),
+                     activations)
 
 
 def local_state_bytes(model, optimizer):

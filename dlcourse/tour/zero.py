@@ -5,7 +5,7 @@ communication apart, on a fresh copy, so that counting does not slow the timed s
 
 import torch.distributed as dist
 
-from dlcourse.memory import measure_model_state
+from dlcourse.memory import measure_model_state, peak_activations
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.parallel.zero import ZeroAdamW, zero
 from dlcourse.parallel.zero.measure import count_step, held_bytes
@@ -59,6 +59,11 @@ def train_zero_row(variant, cfg):
     state = held(model, optimizer)
     params = {k: v.detach().to("cpu", copy=True) for k, v in full_parameters().items()}
     fresh, fresh_optimizer, _, _ = MAKERS[variant](cfg, group)
-    comm = count_step(fresh, fresh_optimizer, *batch)
+    counted = lambda: count_step(fresh, fresh_optimizer, *batch)  # noqa: E731
+    activations = None
+    if variant.startswith("stage"):  # torch's wrap their parameters beyond lesson 01's log
+        comm, activations = peak_activations(fresh, counted, ignore=batch)
+    else:
+        comm = counted()
     return RowResult(mean_over_ranks(loss, cfg), params, round(getattr(state, "model_state", state)),
-                     round(comm.bus_bytes()), step_time)
+                     round(comm.bus_bytes()), step_time, activations)

@@ -27,12 +27,13 @@ UNITS = {"F": 1, "B": 2, "W": 1, "B split": 1}  # a held action's length in unit
 
 
 def split_micro_batches(x, y, n_micro):
-    """[(x_i, y_i)]: the batch (B, T) cut into n_micro micro-batches (B/m, T), each its own
-    contiguous tensor (so saved-tensor accounting sees one storage per micro-batch)."""
+    """[(x_i, y_i)]: the batch (B, T) cut into n_micro micro-batches (B/m, T), views of it
+    (contiguous: the cut is along dim 0). No copy: a pipeline holds the batch once, and lesson
+    01's saved-tensor accounting that leaves out the batch leaves out its micro-batches too."""
     if x.shape[0] % n_micro:
         raise ValueError(f"n_micro {n_micro} does not divide the batch of {x.shape[0]} sequences; "
                          f"pick a divisor of {x.shape[0]}")
-    return [(a.clone(), b.clone()) for a, b in zip(x.chunk(n_micro), y.chunk(n_micro))]
+    return list(zip(x.chunk(n_micro), y.chunk(n_micro)))
 
 
 class Executor:

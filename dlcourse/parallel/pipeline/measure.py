@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dlcourse.collectives.p2p import rank_in
-from dlcourse.memory import SavedTensorLog
+from dlcourse.memory import SavedTensorLog, peak_activations
 from dlcourse.models import lm_loss
 from dlcourse.parallel.pipeline.executor import run_schedule, split_micro_batches
 from dlcourse.parallel.pipeline.stages import cut_stages
@@ -126,16 +126,8 @@ def peak_activation_bytes(stages, micro_batches, run):
     """Call `run()` (a step on these stages) with every saved tensor counted (lesson 01's
     SavedTensorLog) but the micro-batches' tokens and targets, which the caller holds for the
     whole step anyway; returns (what run returned, the most activation bytes held at once)."""
-    peak = 0
-
-    def changed(event):
-        nonlocal peak
-        peak = max(peak, log.live_bytes()["activations"])
-
     data = [t for pair in micro_batches for t in pair]
-    with SavedTensorLog(nn.ModuleList(stages), ignore=data, on_change=changed) as log:
-        result = run()
-    return result, peak
+    return peak_activations(nn.ModuleList(stages), run, ignore=data)
 
 
 def timed_step(stages, actions, micro_batches, group=None, unit=None):
