@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import all_reduce as imported_all_reduce
 
+import dlcourse
 from conftest import wait_gone
 from dlcourse.checks.core import (
     COLLECTIVES, CheckFailed, expect_tensor, random_tensor, run_on_ranks,
@@ -126,9 +127,21 @@ def not_written(x):
     raise NotImplementedError("Hint: one all_gather")
 
 
-def test_an_unwritten_exercise_says_so_with_its_hint():
+def started_then_stopped(x):
+    print("working on it")  # not a bare stub: it runs on the ranks, and says the same
+    raise NotImplementedError("Hint: one all_gather")
+
+
+@pytest.mark.parametrize("stub, ranks_started", [(not_written, False),
+                                                 (started_then_stopped, True)])
+def test_an_unwritten_exercise_says_so_with_its_hint(stub, ranks_started, monkeypatch):
+    # A body that can only raise is answered here, without starting ranks; anything more runs.
+    launches = []
+    launch = dlcourse.launch
+    monkeypatch.setattr(dlcourse, "launch", lambda *a, **k: launches.append(1) or launch(*a, **k))
     with pytest.raises(CheckFailed, match="gather_all is not written yet: .* Hint: one all_gather"):
-        check_gather_all(not_written)
+        check_gather_all(stub)
+    assert bool(launches) == ranks_started
 
 
 def test_a_rank_that_raises_is_named_with_its_traceback():
