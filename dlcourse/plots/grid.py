@@ -53,27 +53,29 @@ def plot_rank_grid(grid, ax=None, title=None, legend=True):
     return ax
 
 
-def plot_grid_measurements(names, measured, formula, comm, comm_formula, step_ms):
-    """Three panels, one bar group per grid: model-state bytes of the busiest rank and bytes
-    rank 0 moved in one step (each measured beside its formula), and the median step time.
-    Returns the figure."""
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+def plot_grid_measurements(names, measured, formula, comm, comm_formula, step_ms, *,
+                           activations=None, activation_formula=None):
+    """One bar group per grid, in panels: model-state bytes of the busiest rank, its activation
+    bytes (if given), the bytes rank 0 moved in one step (each measured beside its formula), and
+    the median step time. Returns the figure."""
+    pairs = [(measured, formula, "kB per rank (busiest rank)", "model state: params + grads + AdamW")]
+    if activations is not None:
+        pairs.append((activations, activation_formula, "kB held at once (busiest rank)",
+                      "activations (SavedTensorLog)"))
+    pairs.append((comm, comm_formula, "kB moved by rank 0 in one step",
+                  "communication (bus bytes, CommCounter)"))
+    fig, axes = plt.subplots(1, len(pairs) + 1, figsize=(4.3 * (len(pairs) + 1), 3.8))
     xs = range(len(names))
-    axes[0].bar([x - 0.2 for x in xs], [b / 1e3 for b in measured], 0.4, label="measured")
-    axes[0].bar([x + 0.2 for x in xs], [b / 1e3 for b in formula], 0.4, label="formula")
-    axes[0].set_ylabel("kB per rank (busiest rank)")
-    axes[0].set_title("model state: params + grads + AdamW")
-    axes[0].legend(fontsize=8, loc="upper right")
-    axes[1].bar([x - 0.2 for x in xs], [b / 1e3 for b in comm], 0.4, label="measured")
-    axes[1].bar([x + 0.2 for x in xs], [b / 1e3 for b in comm_formula], 0.4, label="formula")
-    axes[1].set_ylabel("kB moved by rank 0 in one step")
-    axes[1].set_title("communication (bus bytes, CommCounter)")
-    axes[1].legend(fontsize=8, loc="upper right")
-    axes[2].bar(xs, step_ms, 0.6, color="tab:gray")
-    axes[2].set_ylabel("ms per step (median)")
-    axes[2].set_title("step time (ranks share this machine's cores)")
-    for ax in axes[:2]:
+    for ax, (got, want, ylabel, title) in zip(axes, pairs):
+        ax.bar([x - 0.2 for x in xs], [b / 1e3 for b in got], 0.4, label="measured")
+        ax.bar([x + 0.2 for x in xs], [b / 1e3 for b in want], 0.4, label="formula")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8, loc="upper right")
         ax.set_ylim(0, 1.3 * ax.get_ylim()[1])  # room for the legend above the bars
+    axes[-1].bar(xs, step_ms, 0.6, color="tab:gray")
+    axes[-1].set_ylabel("ms per step (median)")
+    axes[-1].set_title("step time (ranks share this machine's cores)")
     for ax in axes:
         ax.set_xticks(list(xs), names, rotation=20, fontsize=8)
         ax.set_xlabel("grid")
