@@ -145,14 +145,15 @@ def timed_step(stages, actions, micro_batches, group=None, unit=None):
 
 def measured_bubbles(schedule, gpt, data, n_micros, group=None, v=1, unit=None, repeats=3):
     """{m: (bubble fraction of the median step, that step's spans from every rank)}: the
-    schedule run `repeats` times for each m (after one warm-up step), on every rank of `group`."""
+    schedule run `repeats` times for each m (after one warm-up step, its compute not held), on
+    every rank of `group`."""
     rank, p = rank_in(group, "measured_bubbles")
     stages = cut_stages(gpt, group, v)
     out = {}
     for m in n_micros:
         micro = split_micro_batches(*data, m)
         actions = schedule(rank, p, m, *((v,) if v > 1 else ()))
-        timed_step(stages, actions, micro, group, unit)  # warm-up
+        timed_step(stages, actions, micro, group)  # warm-up (connections, allocator): not held
         runs = []
         for _ in range(repeats):
             spans = [None] * p
