@@ -134,7 +134,8 @@ def _forkserver():
     # torch.distributed.optim and .fsdp (ZeRO and FSDP, lesson 05): 0.7 s per rank otherwise.
     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
                                 "torch.nn.parallel", "torch.distributed.optim",
-                                "torch.distributed.fsdp", "dlcourse.worker"])
+                                "torch.distributed.fsdp", "dlcourse.worker",
+                                "dlcourse.launcher"])  # `import dlcourse` no longer brings it
     return ctx
 
 

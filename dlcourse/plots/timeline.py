@@ -19,8 +19,6 @@ import re
 import time
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
-
 
 @dataclass
 class Span:
@@ -67,6 +65,8 @@ def plot_timeline(spans, title, ax=None, lanes=None, colors=None, label_bars=Fal
     """
     if not spans:
         raise ValueError("plot_timeline needs at least one Span; record some with Timeline")
+    import matplotlib.pyplot as plt  # here, not at the top: ranks record Timelines, never plot
+
     ax = ax or plt.subplots(figsize=(9, 3.5))[1]
     lanes = lanes or list(dict.fromkeys(s.lane for s in spans))
     ranks = sorted({s.rank for s in spans})
@@ -108,7 +108,9 @@ def _stack_overlaps(spans):
 def _colours_by_name(spans, given):
     # Names in natural order ("bucket 2" before "bucket 10"), so two runs with the same names
     # get the same colours whatever order their spans were recorded in.
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    import matplotlib  # see plot_timeline
+
+    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     colors = dict(given)
     for name in sorted({s.name for s in spans}, key=_natural):
         if name not in colors:
