@@ -121,6 +121,25 @@ NOTEBOOK_STATE = """() => {
 }"""
 
 
+# The same, cheaply, for polling while cells run: counts, running marks, whether a cell shows an
+# error, and the kernel's status; no output is serialised (a lesson's figures are large, and
+# serialising them ten times a second took the CPU the kernel and its ranks needed).
+NOTEBOOK_PROGRESS = """() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  if (!panel || !panel.content || !panel.content.model || !panel.sessionContext) return null;
+  const cells = panel.content.widgets.filter(c => c.model.type === 'code').map(c => {
+    let error = false;
+    for (let i = 0; i < c.model.outputs.length; i++) {
+      error = error || c.model.outputs.get(i).type === 'error';
+    }
+    return {count: c.model.executionCount, running: c.promptNode.textContent.includes('*'),
+            error};
+  });
+  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+  return {kernel: kernel ? kernel.status : 'none', cells};
+}"""
+
+
 class Notebook:
     """One notebook open in its own browser page."""
 
@@ -148,7 +167,10 @@ class Notebook:
         self.page.wait_for_function("() => (" + NOTEBOOK_STATE + ")().cells.every("
                                     "c => c.count === null)")
         self.command("notebook:run-all-cells")
-        return self.wait(lambda s: s["cells"][-1]["count"] is not None or errors(s), timeout)
+        self.wait(lambda s: s["cells"][-1]["count"] is not None or any(c["error"] for c in
+                                                                         s["cells"]),
+                  timeout, query=NOTEBOOK_PROGRESS, every=0.25)
+        return self.state()
 
     def run_cell(self, index, timeout):
         """Run code cell `index` (0-based among code cells) as Shift+Enter would."""
@@ -161,15 +183,16 @@ class Notebook:
         self.command("notebook:run-cell")
         return self.wait(lambda s: s["cells"][index]["count"] not in (None, before), timeout)
 
-    def wait(self, done, timeout):
-        """The notebook's state once `done(state)`, the kernel is idle and no cell is queued."""
+    def wait(self, done, timeout, query=NOTEBOOK_STATE, every=0.1):
+        """The notebook's state (`query`'s answer) once `done(state)`, the kernel is idle and
+        no cell is queued; asked `every` seconds."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            state = self.state()
+            state = self.page.evaluate(query)
             if done(state) and state["kernel"] == "idle" and not any(c["running"] for c in
                                                                       state["cells"]):
                 return state
-            time.sleep(0.1)
+            time.sleep(every)
         raise TimeoutError(f"the notebook was still running after {timeout} s")
 
     def close(self):
