@@ -20,7 +20,7 @@ from nbformat.v4 import new_code_cell
 
 from conftest import wait_gone
 from dlcourse import cli
-from dlcourse.grading import grade, gradebook, nbresults, nbrun
+from dlcourse.grading import grade, gradebook, nbresults, nbrun, text
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = nbformat.read(str(ROOT / "solutions" / "00_launch.ipynb"), as_version=4)
@@ -245,10 +245,10 @@ def test_the_gradebook_keeps_the_hint_trimmed_at_a_word():
     reason = nbresults.reason_of("CheckFailed", message)
     assert reason.startswith("CheckFailed: gather_all: rank 1 returned wrong values Hint: every")
     assert "Traceback" not in reason
-    short = nbresults.trim(HINT, 60)
+    short = text.trim(HINT, 60)
     assert len(short) <= 60 and short.endswith("...")
     assert HINT.startswith(short[:-3]) and HINT[len(short) - 3] in " ,;:"  # cut where a word ends
-    assert nbresults.trim("x" * 80, 60) == "x" * 57 + "..."  # one long word: cut, still marked
+    assert text.trim("x" * 80, 60) == "x" * 57 + "..."  # one long word: cut, still marked
 
 
 def test_the_table_cuts_a_long_failure_line_at_a_word():

@@ -14,9 +14,11 @@ failure, and the grader cells themselves stay as they are for `dlcourse grade`.
 
 import contextlib
 import io
+import json
 from pathlib import Path
 
-from dlcourse.grading.notebooks import grader_cells, read
+from dlcourse.grading.text import trim
+from dlcourse.grading.notebooks import grader_cells
 
 COURSE = Path(__file__).resolve().parents[2]  # the course folder: exercises/ is here
 
@@ -29,8 +31,9 @@ def check_all(namespace, notebook, out=print):
         out(f"check_all: no exercise notebook {path} here, so nothing to check; name it as in "
             "exercises/, e.g. check_all(globals(), '00_launch')")
         return []
-    nb = read(path)
-    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    with open(path, encoding="utf-8") as f:  # the course's own notebook: plain JSON will do
+        nb = json.load(f)
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
     rows = [_run(g, code[g.code_cell], namespace) for g in grader_cells(nb)]
     out(format_rows(rows))
     return rows
@@ -51,11 +54,12 @@ def _run(grader, source, namespace):
 
 
 def format_rows(rows, width=100):
-    """The table: one line per exercise, the failure's first line cut to fit, then the total."""
+    """The table: one line per exercise, the failure's first line cut to fit at a word, then
+    the total."""
     name = max([len("exercise")] + [len(r[0]) for r in rows])
     lines = [f"{'exercise'.ljust(name)}  points  result"]
     for exercise, got, possible, result in rows:
-        text = result if len(result) <= width - name - 10 else result[:width - name - 13] + "..."
+        text = trim(result, width - name - 10)  # cut at a word, as the gradebook does
         lines.append(f"{exercise.ljust(name)}  {got:>2} / {possible:<2} {text}")
     total, possible = sum(r[1] for r in rows), sum(r[2] for r in rows)
     lines.append(f"{'total'.ljust(name)}  {total:>2} / {possible:<2}")

@@ -13,7 +13,7 @@ import csv
 import os
 
 from dlcourse.grading.grade import MISSING, Result
-from dlcourse.grading.nbresults import trim
+from dlcourse.grading.text import trim
 
 REASON_WIDTH = 100  # characters of a failure shown in the table; the CSV keeps the line and hint
 

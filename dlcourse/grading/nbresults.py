@@ -22,6 +22,7 @@ from nbval.kernel import RunningKernel
 from nbval.plugin import IPyNbCell
 
 from dlcourse.grading import nbrun
+from dlcourse.grading.text import trim
 
 POLL_S = 1.0  # how often a waiting cell checks that the kernel is still alive
 
@@ -111,14 +112,6 @@ def reason_of(ename, evalue):
     hint = next((line.strip() for line in str(evalue).splitlines()[1:]
                  if line.startswith("Hint: ")), "")
     return f"{reason} {trim(hint, HINT_WIDTH)}" if hint else reason
-
-
-def trim(text, width):
-    """`text` cut to at most `width` characters at a space, "..." marking the cut."""
-    if len(text) <= width:
-        return text
-    cut = text[:width - 3].rsplit(" ", 1)[0] if " " in text[:width - 3] else text[:width - 3]
-    return cut.rstrip(" ,;:") + "..."
 
 
 def _first_line(text):

@@ -11,8 +11,6 @@ the gradebook. Both `dlcourse exercises build` and `dlcourse grade` read the mar
 
 from dataclasses import dataclass
 
-import nbformat
-
 METADATA_KEY = "dlcourse"  # cell.metadata[METADATA_KEY] = {"grader": ..., "points": ...}
 
 
@@ -29,6 +27,9 @@ class Grader:
 
 def read(path):
     """The notebook at `path` as nbformat v4; raises ValueError saying why it cannot be read."""
+    import nbformat  # here: its schema validator takes seconds to import, and a kernel that
+    # only runs `check_all` (which reads the course's own notebook as JSON) never needs it
+
     try:
         return nbformat.read(str(path), as_version=4)
     except Exception as error:  # nbformat raises several types for bad JSON or bad structure
@@ -37,9 +38,10 @@ def read(path):
 
 
 def grader_cells(nb):
-    """Every grader in notebook order. Raises GraderMarkError naming the cell that is wrong."""
+    """Every grader in notebook order (`nb` as nbformat reads it, or as plain JSON). Raises
+    GraderMarkError naming the cell that is wrong."""
     graders, seen = [], {}
-    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    code_cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
     for index, cell in enumerate(code_cells):
         mark = cell.get("metadata", {}).get(METADATA_KEY, {})
         if not isinstance(mark, dict) or "grader" not in mark:
