@@ -162,15 +162,18 @@ class Notebook:
 
     def run_all(self, timeout):
         """Run All; wait until the last code cell ran or a cell failed."""
-        # A committed notebook has its saved counts: cleared, a count proves a cell ran now.
-        self.command("notebook:clear-all-cell-outputs")
-        self.page.wait_for_function("() => (" + NOTEBOOK_STATE + ")().cells.every("
-                                    "c => c.count === null)")
+        self.clear()
         self.command("notebook:run-all-cells")
         self.wait(lambda s: s["cells"][-1]["count"] is not None or any(c["error"] for c in
                                                                          s["cells"]),
                   timeout, query=NOTEBOOK_PROGRESS, every=0.25)
         return self.state()
+
+    def clear(self):
+        """A committed notebook has its saved counts: cleared, a count proves a cell ran now."""
+        self.command("notebook:clear-all-cell-outputs")
+        self.page.wait_for_function("() => (" + NOTEBOOK_STATE + ")().cells.every("
+                                    "c => c.count === null)")
 
     def run_cell(self, index, timeout):
         """Run code cell `index` (0-based among code cells) as Shift+Enter would."""

@@ -3,9 +3,9 @@
 Lessons run with Run All and show no error; a rank's lines appear while its cell runs; each widget
 redraws when a control moves; the toolbar's stop button during a launch leaves no rank and the
 next launch works; an exercise notebook's check_all table appears. Every lesson also runs under
-nbval (`python -m pytest`); here only the two with a widget run, to keep CI short
-(`DLCOURSE_BROWSER_LESSONS=all python -m pytest tests/test_browser.py` runs all eight): one
-JupyterLab and one browser for the module. Skipped, with the reason, where there is no browser
+nbval (`python -m pytest`); here Run All runs on lesson 02 only, and lesson 01's calculator cell
+alone, to keep CI short (`DLCOURSE_BROWSER_LESSONS=all python -m pytest tests/test_browser.py`
+runs all eight): one JupyterLab and one browser for the module. Skipped, with the reason, where there is no browser
 or no Playwright.
 """
 
@@ -98,9 +98,11 @@ def _ring_redraws(notebook):
 
 # Lesson, then what to do with it once it has run. The others run under nbval (see the module's
 # docstring); each would add 14-25 s here (open and Run All, measured on 2 cores in the suite).
-LESSONS = {"01_memory": _calculator_redraws, "02_collectives": _ring_redraws}
-if os.environ.get("DLCOURSE_BROWSER_LESSONS") == "all":
+ALL = os.environ.get("DLCOURSE_BROWSER_LESSONS") == "all"
+LESSONS = {"02_collectives": _ring_redraws}
+if ALL:
     LESSONS = {p.stem: LESSONS.get(p.stem) for p in sorted((COURSE / "lessons").glob("0*.ipynb"))}
+    LESSONS["01_memory"] = _calculator_redraws
 
 
 @pytest.mark.slow
@@ -114,6 +116,20 @@ def test_a_lesson_runs_all_without_an_error(open_notebook, lesson):
     assert [c["count"] for c in state["cells"]] == list(range(1, len(state["cells"]) + 1))
     if LESSONS[lesson]:
         LESSONS[lesson](notebook)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ALL, reason="lesson 01's Run All above checks its calculator")
+def test_the_memory_calculator_redraws(open_notebook):
+    # Lesson 01's imports and its calculator cell only (the whole lesson runs under nbval).
+    cells = [c.source for c in nbformat.read(str(COURSE / "lessons" / "01_memory.ipynb"),
+                                             as_version=4).cells if c.cell_type == "code"]
+    notebook = open_notebook("lessons/01_memory.ipynb")
+    notebook.clear()
+    for index in (0, next(i for i, c in enumerate(cells) if c.startswith("memory_calculator("))):
+        state = notebook.run_cell(index, timeout=RUN_ALL_S)
+        assert errors(state) == [], errors(state)[0][1][-1500:]
+    _calculator_redraws(notebook)
 
 
 def _write_launch_notebook(path):

@@ -346,8 +346,9 @@ def test_both_neighbours_sending_first_is_a_deadlock_named_within_seconds():
 
 
 def test_an_exchange_right_only_on_two_ranks_fails_on_more():
-    # the default timeout: the 2-rank case must finish, on a loaded machine too; then it hangs
-    first, _ = first_line_and_hint(check_exchange, exchange_for_two_ranks)
+    # 5 s, not the default 10: the 2-rank case (well under 1 s) must finish on a loaded machine
+    # too; then a case with more ranks hangs, and waits the whole timeout
+    first, _ = first_line_and_hint(check_exchange, exchange_for_two_ranks, timeout=5)
     assert first.startswith("exchange on ") and not first.startswith("exchange on 2 "), first
 
 
