@@ -51,11 +51,9 @@ The API:
 """
 
 import contextlib
-import dis
 import functools
 import random
 import secrets
-import types
 
 import torch
 import torch.distributed as dist
@@ -64,6 +62,7 @@ import dlcourse
 from dlcourse import pickling
 from dlcourse.checks.refuse import (ForbiddenCall, Refused, forbidden, none_named,  # noqa: F401
                                     refusal, replaced)
+from dlcourse.checks.stubs import is_stub_text, not_written, stub_message
 from dlcourse.errors import RankError, RankTimeout
 from dlcourse.launcher import launch_as_data
 from dlcourse.tracebacks import student_traceback
@@ -105,7 +104,7 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
     expect_callable(fn, exercise)
     if stub_message(fn) is not None:  # it can only raise: say so without starting ranks
-        raise CheckFailed(_not_written(exercise, stub_message(fn)))
+        raise CheckFailed(not_written(exercise, stub_message(fn)))
     world_size = len(rank_args)
     submitted = isinstance(fn, Submitted)
     payload = fn.payload if submitted else pickling.dumps(fn)
@@ -166,42 +165,11 @@ def _explain(exercise, where, hint, error):
         return f"{where}: rank {error.rank} {outcome.message}"
     # The stub that `dlcourse exercises build` writes, not a NotImplementedError from torch.
     if (outcome is not None and outcome.exception == "NotImplementedError"
-            and _is_stub_text(outcome.message)):
-        return _not_written(exercise, outcome.message)
+            and is_stub_text(outcome.message)):
+        return not_written(exercise, outcome.message)
     summary = outcome.summary if outcome is not None else str(error).splitlines()[0]
     hint = f"\nHint: {hint}" if hint else ""
     return f"{where}: rank {error.rank} {summary}{hint}\n\n{error.traceback}"
-
-
-# What `def f(...): """doc"""; raise NotImplementedError("Hint: ...")` compiles to (3.10-3.13).
-_STUB_OPS = {"RESUME", "NOP", "CACHE", "LOAD_GLOBAL", "LOAD_CONST", "PUSH_NULL", "PRECALL", "CALL",
-             "CALL_FUNCTION", "RAISE_VARARGS", "COPY_FREE_VARS", "MAKE_CELL"}
-
-
-def stub_message(fn):
-    """The message of a plain function whose body only raises NotImplementedError with a
-    constant text, the stub `dlcourse exercises build` writes (the text empty or a "Hint: ...");
-    None for anything else. Such a function can do nothing but raise, whatever it is given, so
-    a check can say that it is not written yet without starting ranks."""
-    if not isinstance(fn, types.FunctionType) or fn.__code__.co_names != ("NotImplementedError",):
-        return None
-    instructions = list(dis.get_instructions(fn.__code__))
-    if not {i.opname for i in instructions} <= _STUB_OPS:
-        return None
-    texts = [i.argval for i in instructions if i.opname == "LOAD_CONST"]
-    if len(texts) > 1 or not all(isinstance(t, str) for t in texts):
-        return None
-    message = texts[0] if texts else ""
-    return message if _is_stub_text(message) else None
-
-
-def _is_stub_text(message):
-    return not message or message.startswith("Hint:")
-
-
-def _not_written(exercise, message):
-    return (f"{exercise} is not written yet: replace its `raise NotImplementedError` line "
-            f"with your code. {message}").rstrip()
 
 
 def _in_rank(student, rank_args, harness, as_data=False):
