@@ -34,8 +34,8 @@ from dlcourse.parallel.data.buckets import all_reduce_buckets, make_buckets
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.pipeline import SCHEDULES, cut_stages, split_micro_batches, stage_boundaries
-from dlcourse.parallel.pipeline.measure import in_flight_peak
 from dlcourse.parallel.pipeline import train_step as pipeline_train_step
+from dlcourse.parallel.pipeline.measure import in_flight_peak
 from dlcourse.parallel.tensor import (ColumnParallelLinear, VocabParallelEmbedding, check_tp,
                                       parallelize, unshard, vocab_parallel_lm_loss)
 from dlcourse.parallel.tensor.activations import tp_saved_tensors
