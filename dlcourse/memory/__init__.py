@@ -2,7 +2,8 @@
 
 - `accounting`: `count_params`, `model_state_bytes` (ZeRO), `activation_bytes` (Korthikanti).
 - `measure`: what a real step holds, read from the tensors: `measure_model_state`,
-  `measure_step`, `peak_activations`, `SavedTensorLog` (through `torch.autograd.graph.saved_tensors_hooks`).
+  `measure_step`, `peak_activations`, `SavedTensorLog` (through
+  `torch.autograd.graph.saved_tensors_hooks`).
 - `estimate`: the course GPT's saved tensors listed one by one: `estimate_gpt_step`.
 - `peak`: the true peak of a step, every allocation counted (`measure_peak`).
 - `recompute`: activation checkpointing (`checkpoint_blocks`) and its cost (`step_flops`).
@@ -25,6 +26,7 @@ __all__ = [
     "REAL_MODELS", "fits", "memory_per_gpu", "spec_params",
     "estimate_gpt_step", "gpt_saved_tensors",
     "SavedTensorLog", "StepMemory", "cuda_memory", "measure_model_state", "measure_step",
-    "peak_activations", "storage_bytes", "OffloadAdamW", "PeakMemory", "measure_peak", "offload_bytes",
+    "peak_activations", "storage_bytes", "OffloadAdamW", "PeakMemory", "measure_peak",
+    "offload_bytes",
     "checkpoint_blocks", "step_flops",
 ]

@@ -62,8 +62,9 @@ class SavedTensorLog:
         log.records             # one SavedRecord per saved tensor, in order
 
     Saved parameters are skipped (they are the parameters, wherever their storage is at the
-    time), and so are tensors whose storage is one of `ignore` (say, the batch the caller holds anyway). A saved tensor that is a
-    low-precision copy of a parameter (autocast's cast weights) is counted as "weight_copies".
+    time), and so are tensors whose storage is one of `ignore` (say, the batch the caller holds
+    anyway). A saved tensor that is a low-precision copy of a parameter (autocast's cast
+    weights) is counted as "weight_copies".
     A storage counts as held until the last saved tensor on it is released by backward.
     """
 

@@ -2,8 +2,9 @@
 
 Trains the course GPT with every strategy built so far, each on real ranks, checks each against
 the single-process reference, and prints: strategy, final loss, max difference from the
-reference, model-state bytes per rank, the activation bytes of the busiest rank (the rows of
-lessons 06 and 07; "-" where a row does not count them), communication bytes per step, step time.
+reference, model-state bytes per rank, the activation bytes of the busiest rank ("-" where
+lesson 01's saved-tensor log cannot key a row's parameters: DTensor, FSDP2, torch's ZeRO),
+communication bytes per step, step time.
 
 A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
 `RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that

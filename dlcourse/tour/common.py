@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from dlcourse.memory import measure_model_state, peak_activations
+from dlcourse.memory import measure_model_state
 from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
+from dlcourse.parallel.tensor.activations import measure_activations
 
 # Rounding: a sum over 4 ranks adds the same fp32 numbers in another order (~1e-7 relative).
 # AdamW divides each update by sqrt(v); for a gradient element near zero that turns rounding
@@ -102,22 +103,12 @@ def mean_loss(loss, cfg):
     return mean_over_ranks(loss if has else 0.0, cfg) / mean_over_ranks(float(has), cfg)
 
 
-def step_activations(model, x, y):
-    """The most activation bytes one forward and backward of `model` on (x, y) holds; the
-    gradients it leaves are dropped."""
-    def step():
-        lm_loss(model(x), y).backward()
-
-    _, peak = peak_activations(model, step, ignore=(x, y))
-    model.zero_grad(set_to_none=True)
-    return peak
-
-
 def train_reference(cfg):
     model = cfg.new_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     x, y = cfg.data()
-    activations = step_activations(cfg.new_model(), x, y)  # a copy: the timed steps unwatched
+    # lesson 04's count of what one forward saves, on a copy: the timed steps run unwatched
+    activations, _ = measure_activations(cfg.new_model(), x, y, lm_loss)
     loss, step_time = timed_steps(cfg, model, optimizer, x, y)
     return RowResult(loss, cpu_params(model), held_bytes(model, optimizer), 0, step_time,
                      activations)

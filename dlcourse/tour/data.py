@@ -7,8 +7,8 @@ import torch.distributed as dist
 from dlcourse.models import lm_loss
 from dlcourse.parallel.data.compare import count_step, wrap
 from dlcourse.parallel.data.steps import shard_batch
-from dlcourse.tour.common import (RowResult, cpu_params, held_bytes, mean_over_ranks,
-                                  step_activations, timed_steps)
+from dlcourse.parallel.tensor.activations import measure_activations
+from dlcourse.tour.common import RowResult, cpu_params, held_bytes, mean_over_ranks, timed_steps
 
 
 def train_dp_row(variant, cfg):
@@ -23,7 +23,7 @@ def train_dp_row(variant, cfg):
     comm = count_step(variant, cfg.new_model(), batch, lm_loss, group)
     # A replica saves what the plain model saves on this rank's shard: the wrappers' gradient
     # hooks save nothing. Counted on a plain copy, so that the timed steps run unwatched.
-    activations = step_activations(cfg.new_model(), *batch)
+    activations, _ = measure_activations(cfg.new_model(), *batch, lm_loss)
     return RowResult(mean_over_ranks(loss, cfg), cpu_params(model.module),
                      held_bytes(model.module, optimizer), round(comm.bus_bytes()), step_time,
                      activations)
