@@ -16,6 +16,11 @@ parallelism (Korthikanti et al. 2022) also splits the LayerNorm regions along th
                     adapted to the course GPT), measure_activations, table2_differences
     dtensor.py      the same with torch's DTensor: dtensor_plan, parallelize_dtensor, loss_parallel
     compare.py      the variants side by side: build, step, time_variants (tour, benchmark)
+    cost.py         layer_flops, layer_comm_bytes, comm_compute_ratio: the per-layer arithmetic
+    grads.py        all_reduce_sequence_partial_grads: SP's partial gradients in one all-reduce
+    gqa.py          grouped-query attention with fewer KV heads than ranks (KV heads replicated)
+    vocab.py        padded_vocab_size (Megatron's make-vocab-size-divisible-by), mask_padded_logits
+    rng.py          RNGTracker: dropout masks that agree across the tp ranks, and ones that differ
 """
 
 from dlcourse.parallel.tensor.comm import (f, g, g_trap, gather_last_dim, gather_sequence,

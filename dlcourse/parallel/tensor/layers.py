@@ -9,7 +9,11 @@ plain layer it replaces and keeps only this rank's share of its weights. The com
     SequenceParallelPositions  the position embeddings of this rank's sequence shard
 
 Every sharded parameter carries `tp_dim` and `tp_parts` (how `shard` cut it), so
-`unshard` can put the whole tensor back together for the proofs.
+`unshard` can put the whole tensor back together for the proofs. Under sequence parallelism the
+whole parameters that see only T/t tokens (LayerNorms, row-parallel biases, positions) carry
+`sequence_partial`: their gradients are partial sums, summed by `f` in backward, or, with
+sum_grads=False, left partial for one coalesced all-reduce after backward
+(`grads.all_reduce_sequence_partial_grads`).
 """
 
 import torch
@@ -46,6 +50,19 @@ def replicated_parameter(full):
     return None if full is None else nn.Parameter(full.detach().clone())
 
 
+def sequence_partial_parameter(full):
+    """A whole parameter that sees only this rank's sequence shard: its gradient is partial."""
+    p = replicated_parameter(full)
+    if p is not None:
+        p.sequence_partial = True  # read by grads.all_reduce_sequence_partial_grads
+    return p
+
+
+def summed(p, group, sum_grads):
+    """p through f (its gradient summed over the group in backward), or p as it is."""
+    return f(p, group) if sum_grads and p is not None else p
+
+
 class ColumnParallelLinear(nn.Module):
     """nn.Linear(in, out) with its output features split over the group: rank r holds rows
     W_r (out/t, in) and bias b_r. Input: the whole x (through f, whose backward sums the ranks'
@@ -69,11 +86,12 @@ class RowParallelLinear(nn.Module):
     and multiplies its slice x_r (..., in/t) of the input. The partial outputs are summed by g
     (or reduce-scattered to sequence shards), and then the bias is added, once."""
 
-    def __init__(self, linear, group, sequence_parallel=False):
+    def __init__(self, linear, group, sequence_parallel=False, sum_grads=True):
         super().__init__()
-        self.group, self.sequence_parallel = group, sequence_parallel
+        self.group, self.sequence_parallel, self.sum_grads = group, sequence_parallel, sum_grads
         self.weight = sharded_parameter(linear.weight, 1, group)  # (out, in/t)
-        self.bias = replicated_parameter(linear.bias)  # (out,), the same on every rank
+        whole = sequence_partial_parameter if sequence_parallel else replicated_parameter
+        self.bias = whole(linear.bias)  # (out,), the same on every rank
 
     def forward(self, x):
         partial = F.linear(x, self.weight)  # (..., out): this rank's term of the sum
@@ -82,7 +100,7 @@ class RowParallelLinear(nn.Module):
             return y if self.bias is None else y + self.bias
         y = reduce_scatter_sequence(partial, self.group)  # (B, T/t, out)
         # each rank adds the bias to its own tokens only: f sums the bias gradient's pieces
-        return y if self.bias is None else y + f(self.bias, self.group)
+        return y if self.bias is None else y + summed(self.bias, self.group, self.sum_grads)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -113,30 +131,32 @@ def local_ids(ids, start, n):
 class SequenceParallelLayerNorm(nn.Module):
     """nn.LayerNorm on a sequence shard (B, T/t, h). Its weight and bias are whole on every rank
     but see only 1/t of the tokens, so their gradients are partial sums: f all-reduces them in
-    backward. (Forgetting this, the ranks' LayerNorms silently drift apart.)"""
+    backward, or once for all of them after backward with sum_grads=False. (Forgetting this, the
+    ranks' LayerNorms silently drift apart: Megatron-LM issue #1446.)"""
 
-    def __init__(self, norm, group):
+    def __init__(self, norm, group, sum_grads=True):
         super().__init__()
         self.group, self.normalized_shape, self.eps = group, norm.normalized_shape, norm.eps
-        self.weight = replicated_parameter(norm.weight)
-        self.bias = replicated_parameter(norm.bias)
+        self.sum_grads = sum_grads
+        self.weight = sequence_partial_parameter(norm.weight)
+        self.bias = sequence_partial_parameter(norm.bias)
 
     def forward(self, x):
-        bias = None if self.bias is None else f(self.bias, self.group)
-        return F.layer_norm(x, self.normalized_shape, f(self.weight, self.group), bias, self.eps)
+        weight, bias = (summed(p, self.group, self.sum_grads) for p in (self.weight, self.bias))
+        return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
 
 class SequenceParallelPositions(nn.Module):
     """The position embeddings of this rank's contiguous 1/t of the sequence; their gradient rows
     come from this rank's tokens only, so f sums them over the group in backward."""
 
-    def __init__(self, embedding, group):
+    def __init__(self, embedding, group, sum_grads=True):
         super().__init__()
-        self.group = group
-        self.weight = replicated_parameter(embedding.weight)  # (T, h)
+        self.group, self.sum_grads = group, sum_grads
+        self.weight = sequence_partial_parameter(embedding.weight)  # (T, h)
 
     def forward(self, seq_len, device=None):
         t, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         n = seq_len // t
         positions = torch.arange(rank * n, (rank + 1) * n, device=device)  # this shard's T/t ids
-        return F.embedding(positions, f(self.weight, self.group))  # (T/t, h)
+        return F.embedding(positions, summed(self.weight, self.group, self.sum_grads))  # (T/t, h)

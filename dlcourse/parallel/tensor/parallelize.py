@@ -52,28 +52,30 @@ def check_tp(config, tp, sequence_parallel=False):
                          "holds an equal slice of the sequence")
 
 
-def parallelize(model, group, sequence_parallel=False):
-    """The plain `GPT` -> a `TensorParallelGPT` holding this rank's shards, for `group`."""
+def parallelize(model, group, sequence_parallel=False, sum_grads=True):
+    """The plain `GPT` -> a `TensorParallelGPT` holding this rank's shards, for `group`.
+    sum_grads=False (sequence parallel only): the partial gradients of the whole parameters are
+    left for one coalesced all-reduce after backward (`grads.all_reduce_sequence_partial_grads`)."""
     check_tp(model.config, dist.get_world_size(group), sequence_parallel)
-    return TensorParallelGPT(model, group, sequence_parallel)
+    return TensorParallelGPT(model, group, sequence_parallel, sum_grads)
 
 
-def parallel_block(block, group, sequence_parallel):
+def parallel_block(block, group, sequence_parallel, sum_grads=True):
     """A copy of one `Block` with the layers in `PLAN` replaced by their parallel versions."""
     block = copy.deepcopy(block)
     block.attn = TensorParallelAttention(block.attn, dist.get_world_size(group))
     for path, (kind, options) in PLAN.items():
         parent_path, _, name = path.rpartition(".")
         parent = block.get_submodule(parent_path)  # "" is the block itself
-        new = BUILD[kind](getattr(parent, name), group, sequence_parallel, **options)
+        new = BUILD[kind](getattr(parent, name), group, sequence_parallel, sum_grads, **options)
         setattr(parent, name, new)
     return block
 
 
-BUILD = {  # PLAN's kinds -> fn(plain module, group, sequence_parallel, **options)
-    "column": lambda old, group, sp, **o: ColumnParallelLinear(old, group, sequence_parallel=sp, **o),
-    "row": lambda old, group, sp: RowParallelLinear(old, group, sequence_parallel=sp),
-    "sequence_norm": lambda old, group, sp: SequenceParallelLayerNorm(old, group) if sp else old,
+BUILD = {  # PLAN's kinds -> fn(plain module, group, sequence_parallel, sum_grads, **options)
+    "column": lambda old, group, sp, _, **o: ColumnParallelLinear(old, group, sequence_parallel=sp, **o),
+    "row": lambda old, group, sp, sg: RowParallelLinear(old, group, sequence_parallel=sp, sum_grads=sg),
+    "sequence_norm": lambda old, group, sp, sg: SequenceParallelLayerNorm(old, group, sg) if sp else old,
 }
 
 
@@ -107,16 +109,17 @@ class TensorParallelGPT(nn.Module):
     `loss.vocab_parallel_lm_loss`. With sequence_parallel, everything between the attention and
     MLP sublayers (residual stream, LayerNorms, dropout) holds only T/t of the tokens."""
 
-    def __init__(self, model, group, sequence_parallel=False):
+    def __init__(self, model, group, sequence_parallel=False, sum_grads=True):
         super().__init__()
         self.config, self.group, self.sequence_parallel = model.config, group, sequence_parallel
         self.tok_emb = VocabParallelEmbedding(model.tok_emb, group, sequence_parallel)
         if sequence_parallel:
-            self.pos_emb = SequenceParallelPositions(model.pos_emb, group)
-            self.ln_f = SequenceParallelLayerNorm(model.ln_f, group)
+            self.pos_emb = SequenceParallelPositions(model.pos_emb, group, sum_grads)
+            self.ln_f = SequenceParallelLayerNorm(model.ln_f, group, sum_grads)
         else:
             self.pos_emb, self.ln_f = copy.deepcopy(model.pos_emb), copy.deepcopy(model.ln_f)
-        self.blocks = nn.ModuleList(parallel_block(b, group, sequence_parallel) for b in model.blocks)
+        self.blocks = nn.ModuleList(parallel_block(b, group, sequence_parallel, sum_grads)
+                                    for b in model.blocks)
         # the output layer is column-parallel over the vocabulary; tied, it is the embedding's shard
         self.lm_head = ColumnParallelLinear(model.lm_head, group, sequence_parallel=sequence_parallel)
         if model.config.tie_embeddings:
