@@ -3,7 +3,10 @@ grouped-query attention with fewer KV heads than ranks (KV heads replicated), th
 vocabulary (masked padding leaves the loss exactly the unpadded one), the RNG tracker (dropout
 masks agree across the tp ranks on the default stream, differ inside fork), and one coalesced
 all-reduce of the sequence-parallel partial gradients instead of one per parameter. Also the
-per-layer FLOPs and bytes of `cost.py` against torch's FlopCounterMode and lesson 02's CommCounter.
+per-layer FLOPs and bytes of `cost.py` against torch's FlopCounterMode and lesson 02's CommCounter,
+and three facts the lesson states: Table 2's unsplit floor (10·sbh in 16 bit, 16·sbh in float32
+without masks), g_trap in a residual model (exactly tp x only inside the last branch), and DTensor
+summing each Partial LayerNorm gradient at each of CPU AdamW's 3 reads.
 
 One launch of 4 ranks runs every case: tp = 4 on the whole job, tp = 2 on RankGrid(dp=2, tp=2).
 Tolerance: float64, sums over 2 or 4 ranks in another order than one matmul: ~1e-16 relative, so
@@ -134,6 +137,8 @@ def every_case():
         out["rng", tp] = dropout_masks(group)
         out["coalesced", tp] = coalesced(group)
         out["layer bytes", tp] = layer_bytes(group)
+    out["trapped", 4] = trapped_ratios(dist.group.WORLD)
+    out["dtensor partial", 4] = dtensor_partial_reads(dist.group.WORLD)
     return out
 
 
@@ -215,3 +220,71 @@ def test_ratio_is_bytes_over_bandwidth_by_flops_over_rate():
     b, s, h, t, B_link, F_rate = 4, 2048, 8192, 8, 450e9, 989e12
     direct = (layer_comm_bytes(b, s, h, t) / B_link) / (layer_flops(b, s, h, t, attention=False) / F_rate)
     assert abs(comm_compute_ratio(h, t, B_link, F_rate) / direct - 1) < 1e-12
+
+
+# ---- facts lesson 04 states, held here --------------------------------------------------------
+
+def test_table2_floor_is_10_sbh_in_16_bit_and_16_sbh_in_float32_without_masks():
+    from dlcourse.memory.accounting import ACTIVATION_FORMULAS
+    unsplit = ACTIVATION_FORMULAS["none", False]  # (t, a·s/h, bytes per value, mask bytes) -> ·sbh
+    assert unsplit(float("inf"), 2.0, 2, 1) == 10  # the paper's: 4 tensors x 2 bytes + 2 masks x 1
+    assert unsplit(float("inf"), 2.0, 4, 0) == 16  # the lesson's dashed curve: 4 tensors x 4 bytes
+
+
+def trapped_ratios(group):
+    """|grad| with g_trap in every row-parallel layer / |grad| with g, per parameter (this rank's
+    shards): the trap scales the residual branch it sits in, not what lies below it."""
+    from dlcourse.parallel.tensor import RowParallelLinear, g_trap
+
+    class Trap(RowParallelLinear):
+        def forward(self, x):
+            return g_trap(F.linear(x, self.weight), self.group) + self.bias
+
+    torch.set_default_dtype(torch.float64)
+    config = GPTConfig(vocab_size=32, seq_len=8, n_heads=4, hidden=16)
+    x, y = synthetic_tokens(2, config, seed=1)
+    grads = {}
+    for trapped in (False, True):
+        model = parallelize(GPT(config, seed=0), group)
+        for module in model.modules():
+            if trapped and type(module) is RowParallelLinear:
+                module.__class__ = Trap
+        vocab_parallel_lm_loss(model(x), y, group).backward()
+        grads[trapped] = {n: p.grad for n, p in model.named_parameters()}
+    torch.set_default_dtype(torch.float32)
+    return {n: (grads[True][n].norm() / grads[False][n].norm()).item() for n in grads[False]}
+
+
+def test_trap_in_a_residual_model_is_not_a_learning_rate(results):
+    tp = 4
+    for r in results:
+        ratios = r["trapped", tp]
+        exact = {n for n, q in ratios.items() if abs(q - tp) < 1e-9}
+        # last block's MLP branch: ln2, fc, proj weight (proj.bias is added after g: untouched)
+        assert exact == {"blocks.1.ln2.weight", "blocks.1.ln2.bias", "blocks.1.mlp.fc.weight",
+                         "blocks.1.mlp.fc.bias", "blocks.1.mlp.proj.weight"}
+        assert abs(ratios["blocks.1.mlp.proj.bias"] - 1) < 1e-9
+        assert abs(ratios["blocks.0.mlp.fc.weight"] - tp) > 0.1  # below the trap: mixed, not 4x
+
+
+def dtensor_partial_reads(group):
+    """DTensor+SP: all-reduces inside optimizer.step, and how many gradients are Partial."""
+    from torch.distributed.tensor.parallel import loss_parallel
+    from dlcourse.parallel.tensor.compare import build
+    config = GPTConfig(vocab_size=32, seq_len=8, n_heads=4, hidden=16)
+    x, y = synthetic_tokens(2, config, seed=1)
+    model, loss_fn, _ = build("dtensor+sp", GPT(config, seed=0), group)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with loss_parallel():
+        loss_fn(model(x), y).backward()
+    partial = sum(any(pl.is_partial() for pl in getattr(p.grad, "placements", ()))
+                  for p in model.parameters())
+    with CommCounter() as step:
+        optimizer.step()
+    return partial, step.by_op().get("all_reduce", (0,))[0]
+
+
+def test_dtensor_sums_each_partial_gradient_at_each_read_by_cpu_adamw(results):
+    partial, in_step = results[0]["dtensor partial", 4]
+    assert partial == 2 * 4 + 2  # ln1, ln2 (weight, bias) per layer and ln_f
+    assert in_step == 3 * partial  # exp_avg.lerp_(grad), exp_avg_sq.addcmul_(grad, grad)
