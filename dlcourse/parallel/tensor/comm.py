@@ -1,4 +1,4 @@
-"""The communication of tensor parallelism as four tiny autograd Functions (lesson 04,
+"""The communication of tensor parallelism as tiny autograd Functions (lesson 04,
 `lessons/04_tensor_parallel.ipynb`). Layers compose them; no layer calls a collective itself.
 
 Megatron-LM (Shoeybi et al. 2019, Section 3) names two conjugate operators:
@@ -14,6 +14,9 @@ that also moves the sequence dimension (dim 1 of the course GPT's (B, T, h) acti
 
 `gather_last_dim` is the seed's picture: each rank computed some output columns; all-gather them
 (backward: keep this rank's columns of the gradient).
+
+`sum_over_holders` sums the gradient of weight rows that several ranks hold alike (grouped-query
+attention's KV heads when there are fewer than ranks, `gqa.py`).
 
 `g_trap` is `g` built on torch's differentiable `torch.distributed.nn.functional.all_reduce`,
 whose backward all-reduces too: every gradient behind it comes out tp_size times too large.
@@ -103,6 +106,25 @@ class GatherLastDim(torch.autograd.Function):
         return grad.chunk(t, dim=-1)[rank].contiguous(), None
 
 
+class SumOverHolders(torch.autograd.Function):
+    """Identity forward on this rank's KV rows; backward sums the gradient over the ranks that
+    hold the same rows: each rank writes its rows into a zero (n_kv·d, h) buffer, one all-reduce
+    over the tp group adds the holders' partial gradients, each rank keeps its rows. (A subgroup
+    of the t/n_kv holders would move less; creating one needs every rank of the job.)"""
+
+    @staticmethod
+    def forward(ctx, weight, rows, n_rows, group):
+        ctx.rows, ctx.n_rows, ctx.group = rows, n_rows, group
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        full = grad.new_zeros((ctx.n_rows, *grad.shape[1:]))
+        full[ctx.rows] = grad
+        dist.all_reduce(full, group=ctx.group)
+        return full[ctx.rows].clone(), None, None, None
+
+
 def f(x, group):
     """Megatron's f: identity forward, all-reduce of the gradient over `group` backward."""
     return CopyToTensorParallel.apply(x, group)
@@ -134,6 +156,12 @@ def g_trap(x, group):
     with warnings.catch_warnings():  # torch 2.13 deprecates this wrapper; the trap is the point
         warnings.simplefilter("ignore", FutureWarning)
         return dist_nn.all_reduce(x, group=group)
+
+
+def sum_over_holders(weight, rows, n_rows, group):
+    """Rows `rows` of an (n_rows, ...) weight that several ranks of `group` hold alike (a GQA
+    KV head replicated over t/n_kv ranks): identity forward, the holders' gradients summed backward."""
+    return SumOverHolders.apply(weight, rows, n_rows, group)
 
 
 def sequence_shard(x, group, dim=1):

@@ -7,7 +7,7 @@ reads KV head i // (a / n_kv). Tensor parallelism still gives rank r the query h
     n_kv >= t: n_kv/t KV heads of its own, split like the query heads;
     n_kv <  t: one KV head, the same on t/n_kv ranks: the KV head is *replicated*.
 A replicated KV weight sees only its rank's queries, so, like a sequence-parallel LayerNorm, its
-gradient is a partial sum: `SumOverHolders` adds up the holders' parts in backward.
+gradient is a partial sum: `comm.sum_over_holders` adds up the holders' parts in backward.
 (vLLM's QKVParallelLinear replicates KV heads this way; Megatron-core asks n_kv % t == 0.)
 
     GroupedQueryAttention        the plain, single-process reference (no ranks)
@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dlcourse.parallel.tensor.comm import f, g
+from dlcourse.parallel.tensor.comm import f, g, sum_over_holders
 
 
 class GroupedQueryAttention(nn.Module):
@@ -66,25 +66,6 @@ def kv_heads_of_rank(n_heads, n_kv_heads, tp, rank):
     return range(first_q // per_kv, last_q // per_kv + 1)
 
 
-class SumOverHolders(torch.autograd.Function):
-    """Identity forward on this rank's KV rows; backward sums the gradient over the ranks that
-    hold the same rows: each rank writes its rows into a zero (n_kv·d, h) buffer, one all-reduce
-    over the tp group adds the holders' partial gradients, each rank keeps its rows. (A subgroup
-    of the t/n_kv holders would move less; creating one needs every rank of the job.)"""
-
-    @staticmethod
-    def forward(ctx, weight, rows, n_rows, group):
-        ctx.rows, ctx.n_rows, ctx.group = rows, n_rows, group
-        return weight.view_as(weight)
-
-    @staticmethod
-    def backward(ctx, grad):
-        full = grad.new_zeros((ctx.n_rows, *grad.shape[1:]))
-        full[ctx.rows] = grad
-        dist.all_reduce(full, group=ctx.group)
-        return full[ctx.rows].clone(), None, None, None
-
-
 class TensorParallelGQA(nn.Module):
     """`GroupedQueryAttention` on one rank of `group`: q by its query heads (column-parallel),
     k and v by the KV heads those read (replicated when n_kv < t), proj by rows, one g."""
@@ -107,6 +88,6 @@ class TensorParallelGQA(nn.Module):
         x = f(x, self.group)
         k, v = self.k, self.v
         if self.replicated:  # the holders' partial gradients summed in backward
-            k, v = (SumOverHolders.apply(w, self.kv_rows, self.n_kv_rows, self.group) for w in (k, v))
+            k, v = (sum_over_holders(w, self.kv_rows, self.n_kv_rows, self.group) for w in (k, v))
         y = attend(F.linear(x, self.q), F.linear(x, k), F.linear(x, v), self.head_dim)
         return g(F.linear(y, self.proj), self.group)  # (B, T, h): the partial outputs summed
