@@ -1,0 +1,112 @@
+"""What context parallelism costs, measured beside the formulas (lesson 08,
+`lessons/08_context_parallel.ipynb`).
+
+    count_layer(config, batch, group, method)   # one Block's messages, counted (CommCounter)
+    layer_formula(config, batch, cp, method)    # the same from the algorithms
+    cp_saved_tensors(config, batch, cp, method) # every tensor one rank saves for backward
+    cp_layer_bytes(config, batch, cp, method)   # one layer of that, in closed form
+
+Communication of one layer's attention, per rank, in values (b batch, s tokens, h hidden):
+    ring, zigzag  forward: cp-1 sends (and receives) of K and V, 2·b·(s/cp)·h values each;
+                  backward: as many again for K and V, and cp-1 of dK and dV to bring them home.
+                  Each way, (cp-1)/cp of K and V per pass.
+    ulysses       forward: 4 all-to-alls (q, k, v in; the output back) of b·s·h/cp values per
+                  rank; backward: 4 more, the reverse ones.
+    allgather     forward: 1 all-gather of K and V, 2·b·s·h values gathered; backward: 1
+                  reduce-scatter of their gradients, the same size.
+The weights are replicated, so a training step also averages the gradients (Ψ values) once.
+"""
+
+from collections import Counter
+
+import torch
+
+from dlcourse.collectives.counter import CommCounter
+from dlcourse.memory.estimate import SavedTensorEstimate
+from dlcourse.models import Block
+from dlcourse.parallel.context.parallelize import METHODS, ContextParallelAttention, cp_layout
+
+
+def cp_block(block, group, method="ring", seq_len=None, config=None):
+    """One `Block` with its attention made context-parallel (in place; returns it)."""
+    layout = cp_layout(config, group, method, seq_len)
+    block.attn = ContextParallelAttention(block.attn, group, layout, METHODS[method][1])
+    return block
+
+
+def count_layer(config, batch, group, method="ring", seed=0):
+    """Run one context-parallel `Block` forward and backward on random local input (b, s/cp, h)
+    and count the messages: {"forward": [CommRecord], "backward": [CommRecord]} on this rank."""
+    block = cp_block(Block(config), group, method, config=config)
+    cp = group.size()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, config.seq_len // cp, config.hidden, generator=gen).requires_grad_()
+    with CommCounter() as forward:
+        y = block(x)
+    with CommCounter() as backward:
+        y.sum().backward()
+    return {"forward": forward.records, "backward": backward.records}
+
+
+def layer_formula(config, batch, cp, method="ring"):
+    """{"forward"/"backward": Counter({(op, values): calls})} of one layer on one rank."""
+    if method not in METHODS:
+        raise ValueError(f"unknown context-parallel method {method!r}; one of {sorted(METHODS)}")
+    bsh = batch * config.seq_len * config.hidden
+    if cp == 1:
+        return {"forward": Counter(), "backward": Counter()}
+    if method in ("ring", "zigzag"):
+        kv = 2 * bsh // cp  # one message: this rank's K and V (or dK and dV)
+        one_pass = Counter({("send", kv): cp - 1, ("recv", kv): cp - 1})
+        return {"forward": one_pass, "backward": one_pass + one_pass}
+    if method == "ulysses":
+        return {"forward": Counter({("all_to_all", bsh // cp): 4}),
+                "backward": Counter({("all_to_all", bsh // cp): 4})}
+    return {"forward": Counter({("all_gather", 2 * bsh): 1}),
+            "backward": Counter({("reduce_scatter", 2 * bsh): 1})}
+
+
+def as_counter(records, itemsize=4):
+    """CommRecords -> Counter({(op, values): calls}), to set beside `layer_formula`."""
+    return Counter((r.op, r.nbytes // itemsize) for r in records)
+
+
+def cp_saved_tensors(config, batch, cp, method="ring"):
+    """Every tensor one rank of `context_parallel(GPT(config), group, method)` saves in a forward
+    and `lm_loss`, fp32 on CPU, dropout 0, as `SavedTensorEstimate` rows (its token ids and
+    targets are the caller's, not counted). n = s/cp: everything but all-gather's K/V is in n."""
+    B, s, h, a, V, L = (batch, config.seq_len, config.hidden, config.n_heads, config.vocab_size,
+                        config.n_layers)
+    n = s // cp
+    Bn = B * n
+    if method in ("ring", "zigzag"):
+        attention = [("q, k, v (views of the qkv output)", 3 * Bn * h)]
+    elif method == "ulysses":
+        attention = [("q, k, v of a/cp heads, whole sequence (all-to-all outputs)", 3 * Bn * h)]
+    else:
+        attention = [("q (a view of the qkv output)", 3 * Bn * h),
+                     ("K and V of every rank, all-gathered", 2 * B * s * h)]
+    block = [("ln1 input", Bn * h), ("ln1 mean and 1/std", 2 * Bn), ("qkv input", Bn * h),
+             *attention, ("attention output", Bn * h), ("log-sum-exp per query and head", Bn * a),
+             ("proj input", Bn * h), ("ln2 input", Bn * h), ("ln2 mean and 1/std", 2 * Bn),
+             ("fc input", Bn * h), ("GELU input", 4 * Bn * h), ("mlp proj input", 4 * Bn * h)]
+    rows = [SavedTensorEstimate("embedding", "global position ids (int64)", n, 8)]
+    rows += [SavedTensorEstimate("block", what, numel, 4, L) for what, numel in block]
+    rows += [SavedTensorEstimate("head", "ln_f input", Bn * h, 4),
+             SavedTensorEstimate("head", "ln_f mean and 1/std", 2 * Bn, 4),
+             SavedTensorEstimate("head", "lm_head input", Bn * h, 4),
+             SavedTensorEstimate("loss", "log-probabilities (fp32)", Bn * V, 4),
+             SavedTensorEstimate("loss", "sum of target weights (fp32)", 1, 4)]
+    return rows
+
+
+def cp_layer_bytes(config, batch, cp, method="ring", bytes_per_value=4):
+    """One layer's saved activations on one rank, in closed form: e·b·(s/cp)·(17h + a + 4), and
+    for all-gather-KV the gathered K and V on top, e·2·b·s·h (which do not shrink with cp).
+    17h: LayerNorm, qkv, proj, fc inputs (4h), q, k, v (3h), the output (h), GELU in and out (8h),
+    the second LayerNorm input (h); a: one lse per head; 4: two LayerNorms' mean and 1/std."""
+    b, s, h, a = batch, config.seq_len, config.hidden, config.n_heads
+    per_layer = b * (s // cp) * (17 * h + a + 4)
+    if method == "allgather":
+        per_layer += 2 * b * s * h
+    return bytes_per_value * per_layer
