@@ -113,7 +113,8 @@ class RingAttention(torch.autograd.Function):
 
 
 def _block_grads(dout, delta, lse, q, kv, layout, rank, src, causal):
-    """This rank's queries against rank src's block: (dq (b, a, s/cp, d), dkv (2, b, a, s/cp, d))."""
+    """This rank's queries against rank src's block: dq (b, a, s/cp, d) and the queries' part
+    of that block's dK and dV, stacked (2, b, a, s/cp, d)."""
     n = len(layout.chunks(rank))
     dq = torch.zeros_like(q)
     dkv = torch.zeros_like(kv)
