@@ -10,6 +10,7 @@ other tokens, gets them by communication.
     allgather.py    K/V by all-gather (torch's default in its experimental context_parallel)
     parallelize.py  METHODS, check_cp, context_parallel(model, group, method), average_gradients
     measure.py      one layer's communication and each rank's saved activations beside formulas
+    compare.py      time_attention: the methods and one process timed side by side (benchmark)
 """
 
 from dlcourse.parallel.context.allgather import allgather_attention

@@ -1,0 +1,66 @@
+"""Ring attention against K/V by all-gather and against one process: step time (lesson 08).
+
+One job of 2 gloo ranks (cp = 2) times one attention forward + backward of each variant on the
+same whole sequence, side by side (`dlcourse.parallel.context.compare.time_attention`: rounds in
+rotating order, the first a warm-up, every step between two barriers): ring attention
+(contiguous chunks and zig-zag), K/V by all-gather, and one process's attention over the whole
+sequence, with torch's SDPA and with this package's blockwise arithmetic in one block.
+Targets, causal: ring / one process (blockwise) at most 0.75 (each rank computes at most half
+of the score blocks, and skips the masked ones; 0.75 leaves room for the messages and the
+merges), and zig-zag no slower than the contiguous ring (its ranks share the causal work evenly).
+
+    python benchmarks/context_parallel.py [--seq-len 2048] [--rounds 5] [--not-causal]
+
+Timings are only comparable within one run: other work on the machine slows every variant,
+which is why they take turns. The two ranks need a core each; with fewer free cores the ratio to
+one process says more about the machine than about the ring.
+"""
+
+import argparse
+
+import torch.distributed as dist
+
+import dlcourse
+from dlcourse.parallel.context import Layout
+from dlcourse.parallel.context.compare import ONE_PROCESS, time_attention
+
+CP = 2
+VARIANTS = ("ring", "zigzag", "allgather", *ONE_PROCESS)
+TARGET_VS_ONE_PROCESS = 0.75  # ring / one process (blockwise), causal, at most
+TARGET_ZIGZAG = 1.0  # zig-zag / contiguous ring, causal, at most
+
+
+def benchmark_job(args):
+    return time_attention(dist.group.WORLD, VARIANTS, args.batch, args.heads, args.seq_len,
+                          args.head_dim, causal=not args.not_causal, rounds=args.rounds)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-len", type=int, default=2048, help="s: tokens in the whole sequence")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (plus one warm-up)")
+    parser.add_argument("--not-causal", action="store_true", help="no causal mask")
+    args = parser.parse_args()
+    Layout("zigzag", CP, args.seq_len)  # refuses a length 2·cp does not divide, before launching
+    causal = "not causal" if args.not_causal else "causal"
+    print(f"attention forward + backward, {causal}: batch {args.batch}, {args.heads} heads of "
+          f"{args.head_dim}, {args.seq_len} tokens; cp = {CP} gloo ranks, {args.rounds} rounds")
+    seconds = dlcourse.launch(benchmark_job, args, world_size=CP, backend="gloo", timeout=600)[0]
+    for name, s in seconds.items():
+        print(f"{name:<25} {1000 * s:9.1f} ms")
+    vs_one = seconds["ring"] / seconds["one process (blockwise)"]
+    zigzag = seconds["zigzag"] / seconds["ring"]
+    print(f"\nring / one process (blockwise) = {vs_one:.2f}; all-gather / ring = "
+          f"{seconds['allgather'] / seconds['ring']:.2f}; zig-zag / ring = {zigzag:.2f}")
+    if not args.not_causal:
+        for what, ratio, target in (("ring / one process", vs_one, TARGET_VS_ONE_PROCESS),
+                                    ("zig-zag / ring", zigzag, TARGET_ZIGZAG)):
+            print(f"{what}: " + ("meets" if ratio <= target else "MISSES")
+                  + f" the target of {target}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Context-parallel attention timed beside one process's (lesson 08,
+`lessons/08_context_parallel.ipynb`; `benchmarks/context_parallel.py` uses it).
+
+    time_attention(group, batch=1, heads=4, seq_len=1024, head_dim=64, rounds=5)
+    # {variant: median seconds of one forward + backward}, the same on every rank
+
+Variants: "ring", "zigzag", "allgather" and "ulysses" on the group's ranks, each rank holding
+s/cp tokens; "one process (sdpa)" and "one process (blockwise)" run the whole sequence on every
+rank alone (torch's `scaled_dot_product_attention`, and this package's `block_attention`, the
+ring's own arithmetic in one block), so they load the machine as the parallel variants do.
+"""
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from dlcourse.parallel.context.blockwise import block_attention
+from dlcourse.parallel.context.layout import Layout
+from dlcourse.parallel.context.parallelize import METHODS
+
+ONE_PROCESS = ("one process (sdpa)", "one process (blockwise)")
+
+
+def attention_step(variant, q, k, v, group, layout, causal=True):
+    """One forward and backward of `variant` on q, k, v (b, a, n, d) that require grad."""
+    if variant == "one process (sdpa)":
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    elif variant == "one process (blockwise)":
+        pos = torch.arange(q.size(2))
+        out = block_attention(q, k, v, pos, pos, causal)
+    else:
+        out = METHODS[variant][1](q, k, v, group, layout, causal)
+    out.sum().backward()
+
+
+def _inputs(variant, group, batch, heads, seq_len, head_dim, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    whole = [torch.randn(batch, heads, seq_len, head_dim, generator=gen) for _ in range(3)]
+    if variant in ONE_PROCESS:
+        return [t.requires_grad_() for t in whole], None
+    layout = Layout(METHODS[variant][0], dist.get_world_size(group), seq_len)
+    rank = dist.get_rank(group)
+    return [layout.shard(t, rank, dim=2).requires_grad_() for t in whole], layout
+
+
+def time_attention(group, variants=("ring", "allgather", *ONE_PROCESS), batch=1, heads=4,
+                   seq_len=1024, head_dim=64, causal=True, rounds=5):
+    """Median seconds of one attention forward + backward per variant, in rotating order each
+    round (round 0 a warm-up); every step starts and ends at a barrier, so each rank's time is
+    the slowest rank's."""
+    inputs = {name: _inputs(name, group, batch, heads, seq_len, head_dim) for name in variants}
+    times = {name: [] for name in variants}
+    for r in range(rounds + 1):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for name in order:
+            (q, k, v), layout = inputs[name]
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            attention_step(name, q, k, v, group, layout, causal)
+            dist.barrier(group=group)
+            if r:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
