@@ -8,6 +8,8 @@ sequence, with torch's SDPA and with this package's blockwise arithmetic in one 
 Targets, causal: ring / one process (blockwise) at most 0.75 (each rank computes at most half
 of the score blocks, and skips the masked ones; 0.75 leaves room for the messages and the
 merges), and zig-zag no slower than the contiguous ring (its ranks share the causal work evenly).
+It also times each rank's causal compute alone (`compare.causal_compute_seconds`), contiguous
+and zig-zag, beside the block pairs `layout.causal_work` counts: the imbalance, measured.
 
     python benchmarks/context_parallel.py [--seq-len 2048] [--rounds 5] [--not-causal]
 
@@ -21,8 +23,8 @@ import argparse
 import torch.distributed as dist
 
 import dlcourse
-from dlcourse.parallel.context import Layout
-from dlcourse.parallel.context.compare import ONE_PROCESS, time_attention
+from dlcourse.parallel.context import Layout, causal_work
+from dlcourse.parallel.context.compare import ONE_PROCESS, causal_compute_seconds, time_attention
 
 CP = 2
 VARIANTS = ("ring", "zigzag", "allgather", *ONE_PROCESS)
@@ -31,8 +33,13 @@ TARGET_ZIGZAG = 1.0  # zig-zag / contiguous ring, causal, at most
 
 
 def benchmark_job(args):
-    return time_attention(dist.group.WORLD, VARIANTS, args.batch, args.heads, args.seq_len,
-                          args.head_dim, causal=not args.not_causal, rounds=args.rounds)
+    seconds = time_attention(dist.group.WORLD, VARIANTS, args.batch, args.heads, args.seq_len,
+                             args.head_dim, causal=not args.not_causal, rounds=args.rounds)
+    rank = dist.get_rank()
+    compute = {name: causal_compute_seconds(Layout(name, CP, args.seq_len), rank, args.batch,
+                                            args.heads, args.head_dim, repeats=args.rounds)
+               for name in ("contiguous", "zigzag")}  # ranks at once, no messages
+    return seconds, compute
 
 
 def main():
@@ -48,13 +55,18 @@ def main():
     causal = "not causal" if args.not_causal else "causal"
     print(f"attention forward + backward, {causal}: batch {args.batch}, {args.heads} heads of "
           f"{args.head_dim}, {args.seq_len} tokens; cp = {CP} gloo ranks, {args.rounds} rounds")
-    seconds = dlcourse.launch(benchmark_job, args, world_size=CP, backend="gloo", timeout=600)[0]
+    results = dlcourse.launch(benchmark_job, args, world_size=CP, backend="gloo", timeout=600)
+    seconds = results[0][0]
     for name, s in seconds.items():
         print(f"{name:<25} {1000 * s:9.1f} ms")
     vs_one = seconds["ring"] / seconds["one process (blockwise)"]
     zigzag = seconds["zigzag"] / seconds["ring"]
     print(f"\nring / one process (blockwise) = {vs_one:.2f}; all-gather / ring = "
           f"{seconds['allgather'] / seconds['ring']:.2f}; zig-zag / ring = {zigzag:.2f}")
+    print("\ncausal forward compute per rank, no messages (ms), and the block pairs counted:")
+    for name in ("contiguous", "zigzag"):
+        ms = "  ".join(f"rank {r}: {1000 * out[1][name]:7.1f}" for r, out in enumerate(results))
+        print(f"{name:<11} {ms}   pairs {causal_work(Layout(name, CP, args.seq_len))}")
     if not args.not_causal:
         for what, ratio, target in (("ring / one process", vs_one, TARGET_VS_ONE_PROCESS),
                                     ("zig-zag / ring", zigzag, TARGET_ZIGZAG)):

@@ -19,11 +19,13 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import dlcourse
+from conftest import needs_gpu
 from dlcourse.collectives.p2p import ring_neighbours
 from dlcourse.models import GPTConfig
 from dlcourse.parallel.context import (METHODS, Layout, attention_block, block_attention,
                                        causal_work, check_cp, merge, ring_attention)
-from dlcourse.parallel.context.measure import as_counter, count_layer, layer_formula
+from dlcourse.parallel.context.measure import (as_counter, block_to_hide, count_layer,
+                                               layer_formula, ring_step)
 
 TOL = 1e-12
 B, A, S, D = 2, 4, 16, 4  # batch, heads, whole sequence, head dim
@@ -69,6 +71,23 @@ def test_block_attention_with_global_offsets_matches_sdpa_with_its_mask():
     assert (local_mask - want).abs().max() > 1e-2
 
 
+@needs_gpu
+@pytest.mark.gpu
+def test_block_attention_on_a_gpu_matches_sdpa_there():
+    """The positions and masks follow q to its device (no CPU tensor meets a CUDA one)."""
+    q, k, v, dout = (t.cuda() for t in qkv_and_grad(2))
+    q_pos, k_pos = torch.arange(8, 12, device="cuda"), torch.arange(S, device="cuda")
+    mine = [q[:, :, 8:12].clone().requires_grad_(), k.clone().requires_grad_(),
+            v.clone().requires_grad_()]
+    ref = [t.detach().clone().requires_grad_() for t in mine]
+    out = block_attention(*mine, q_pos, k_pos, causal=True)
+    want = F.scaled_dot_product_attention(*ref, attn_mask=q_pos[:, None] >= k_pos[None, :])
+    out.backward(dout[:, :, :4])
+    want.backward(dout[:, :, :4])
+    assert (out - want).abs().max() < TOL
+    assert all((m.grad - r.grad).abs().max() < TOL for m, r in zip(mine, ref))
+
+
 @pytest.mark.parametrize("name", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("cp", [1, 2, 4])
 def test_shards_hold_the_layouts_positions_and_unshard_back(name, cp):
@@ -86,6 +105,17 @@ def test_zigzag_rank_i_holds_chunks_i_and_2cp_minus_1_minus_i():
     layout = Layout("zigzag", 4, 16)
     assert [layout.chunks(r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
     assert layout.positions(1).tolist() == [2, 3, 12, 13]
+
+
+@pytest.mark.parametrize("cp, s", [(2, 8), (4, 16), (3, 24)])
+def test_zigzag_is_torchs_head_tail_load_balancer(cp, s):
+    balancer = pytest.importorskip(
+        "torch.distributed.tensor.experimental._context_parallel._load_balancer",
+        reason="torch's context-parallel load balancer is private and recent (2.13 has it)")
+    torch_order = balancer._HeadTailLoadBalancer(s, cp, "cpu")._generate_indices()[0]
+    layout = Layout("zigzag", cp, s)
+    ours = torch.cat([layout.positions(r) for r in range(cp)])  # rank 0's tokens, then rank 1's
+    assert ours.tolist() == torch_order.tolist()
 
 
 @pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
@@ -202,3 +232,30 @@ def test_the_ring_sends_right_and_receives_from_the_left(results, cp):
     for method in ("ring", "zigzag"):
         for out in results:
             assert out["peers", cp, method] == out["neighbours", cp]
+
+
+# ---------------------------------------------------------------- ring step: compute vs message
+
+
+def test_ring_step_counts_the_flops_torch_counts_and_the_bytes_of_one_message():
+    b, a, c, d = 2, 4, 8, 4
+    q, k, v = (torch.randn(b, a, c, d) for _ in range(3))
+    with FlopCounterMode(display=False) as flops:
+        attention_block(q, k, v, torch.arange(c), torch.arange(c), causal=False)
+    step = ring_step(b, c, a * d)
+    assert step["flops"] == flops.get_total_flops()
+    assert step["bytes"] == torch.stack([k, v]).nbytes  # the message ring.py sends
+
+
+@pytest.mark.parametrize("alpha, beta", [(0.0, 1.234e-9), (1e-5, 1e-9), (5e-5, 4e-10)])
+def test_block_to_hide_is_the_shortest_block_whose_compute_covers_its_message(alpha, beta):
+    b, h, flops_per_s = 1, 512, 1e11
+
+    def hidden(c):
+        step = ring_step(b, c, h)
+        return step["flops"] / flops_per_s >= alpha + step["bytes"] * beta
+
+    c = block_to_hide(b, h, flops_per_s, alpha, beta)
+    assert hidden(c) and not hidden(c - 1)
+    if alpha == 0:  # then c = F·e·beta/2: no b, no h
+        assert c == math.ceil(flops_per_s * 4 * beta / 2)

@@ -45,6 +45,6 @@ def allgather_attention(q, k, v, group, layout, causal=True):
     """This rank's queries (b, a, s/cp, d) against every rank's keys and values, gathered."""
     cp = dist.get_world_size(group)
     k_all, v_all = AllGatherKV.apply(torch.stack([k, v]), group)  # (b, a, s, d) each
-    k_pos = torch.cat([layout.positions(r) for r in range(cp)])  # (s,): rank order
-    q_pos = layout.positions(dist.get_rank(group))
+    k_pos = torch.cat([layout.positions(r, q.device) for r in range(cp)])  # (s,): rank order
+    q_pos = layout.positions(dist.get_rank(group), q.device)
     return block_attention(q, k_all, v_all, q_pos, k_pos, causal)

@@ -3,6 +3,8 @@
 
     time_attention(group, batch=1, heads=4, seq_len=1024, head_dim=64, rounds=5)
     # {variant: median seconds of one forward + backward}, the same on every rank
+    causal_compute_seconds(layout, rank, batch=1, heads=4, head_dim=64)
+    # this rank's causal attention compute alone, without messages: the load (im)balance
 
 Variants: "ring", "zigzag", "allgather" and "ulysses" on the group's ranks, each rank holding
 s/cp tokens; "one process (sdpa)" and "one process (blockwise)" run the whole sequence on every
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dlcourse.parallel.context.blockwise import block_attention
+from dlcourse.parallel.context.blockwise import attention_block, block_attention, visible
 from dlcourse.parallel.context.layout import Layout
 from dlcourse.parallel.context.parallelize import METHODS
 
@@ -29,7 +31,7 @@ def attention_step(variant, q, k, v, group, layout, causal=True):
     if variant == "one process (sdpa)":
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     elif variant == "one process (blockwise)":
-        pos = torch.arange(q.size(2))
+        pos = torch.arange(q.size(2), device=q.device)
         out = block_attention(q, k, v, pos, pos, causal)
     else:
         out = METHODS[variant][1](q, k, v, group, layout, causal)
@@ -64,3 +66,25 @@ def time_attention(group, variants=("ring", "allgather", *ONE_PROCESS), batch=1,
             if r:
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def causal_compute_seconds(layout, rank, batch=1, heads=4, head_dim=64, repeats=3):
+    """Median seconds of the forward compute rank `rank` does under a causal mask in `layout`:
+    its query chunks against every key chunk they may see (the pairs ring attention computes),
+    with no communication. Run on every rank at once: contiguous grows with the rank, zig-zag
+    is level (`layout.causal_work` counts the pairs)."""
+    gen = torch.Generator().manual_seed(rank)
+    c, n = layout.chunk_len, layout.n_chunks
+    q = torch.randn(batch, heads, c, head_dim, generator=gen)
+    k, v = (torch.randn(batch, heads, c, head_dim, generator=gen) for _ in range(2))
+    pairs = [(layout.positions(rank).chunk(len(layout.chunks(rank)))[i],
+              torch.arange(j * c, (j + 1) * c))
+             for i in range(len(layout.chunks(rank))) for j in range(n)]
+    pairs = [(q_pos, k_pos) for q_pos, k_pos in pairs if visible(q_pos, k_pos, True) != "none"]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for q_pos, k_pos in pairs:
+            attention_block(q, k, v, q_pos, k_pos, causal=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

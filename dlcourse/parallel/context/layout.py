@@ -9,7 +9,11 @@ The sequence (s tokens) is cut into equal chunks and every rank keeps some of th
 With a causal mask a query sees only keys at or before it, so with contiguous chunks rank 0's
 queries see one chunk of keys and rank cp-1's see all cp: the last rank does cp times the first
 rank's work. Zig-zag pairs an early chunk with a late one, and every rank does the same work
-(`causal_work`). The layouts are a table (`LAYOUTS`), so a student can print them and add one.
+(`causal_work`). It is the layout of torch's `_HeadTailLoadBalancer` (torch 2.13,
+`distributed/tensor/experimental/_context_parallel/_load_balancer.py`, the default of its
+`context_parallel` when 2·cp divides s) and of Megatron-Core's context parallelism; Striped
+Attention (Brandon et al. 2023) balances by dealing tokens round-robin instead. The layouts are
+a table (`LAYOUTS`), so a student can print them and add one.
 
     layout = Layout("zigzag", cp=4, seq_len=16)
     layout.chunks(1)               # [1, 6]

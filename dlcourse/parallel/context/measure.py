@@ -5,6 +5,8 @@
     layer_formula(config, batch, cp, method)    # the same from the algorithms
     cp_saved_tensors(config, batch, cp, method) # every tensor one rank saves for backward
     cp_layer_bytes(config, batch, cp, method)   # one layer of that, in closed form
+    ring_step(batch, block_len, hidden)         # one ring step: flops against message bytes
+    block_to_hide(batch, hidden, F, alpha, beta)  # the shortest block the ring hides behind
 
 Communication of one layer's attention, per rank, in values (b batch, s tokens, h hidden):
     ring, zigzag  forward: cp-1 sends (and receives) of K and V, 2·b·(s/cp)·h values each;
@@ -17,6 +19,7 @@ Communication of one layer's attention, per rank, in values (b batch, s tokens, 
 The weights are replicated, so a training step also averages the gradients (Ψ values) once.
 """
 
+import math
 from collections import Counter
 
 import torch
@@ -110,3 +113,31 @@ def cp_layer_bytes(config, batch, cp, method="ring", bytes_per_value=4):
     if method == "allgather":
         per_layer += 2 * b * s * h
     return bytes_per_value * per_layer
+
+
+def ring_step(batch, block_len, hidden, bytes_per_value=4):
+    """One ring step without a mask: {"flops": of one block pair, "bytes": of the K/V message}.
+    Two matmuls (q kᵀ and p v) of 2·b·c²·h flops each over all heads (h = a·d); the message is
+    K and V of c tokens, 2·b·c·h values."""
+    return {"flops": 4 * batch * block_len ** 2 * hidden,
+            "bytes": 2 * batch * block_len * hidden * bytes_per_value}
+
+
+def block_to_hide(batch, hidden, flops_per_s, alpha, beta, bytes_per_value=4):
+    """The shortest block c (tokens per rank) whose compute takes at least as long as its K/V
+    message, so that the ring can hide it, in lesson 02's alpha-beta model (`ring_step`):
+
+        4·b·c²·h / F  >=  alpha + 2·b·c·h·e·beta
+
+    F: flops per second; alpha: seconds per message; beta: seconds per byte (1 / bandwidth B).
+    Compute grows as c², the message as c. With alpha = 0 the bound is c >= F·e·beta / 2, which
+    for 16-bit values (e = 2) is c >= F / B: the chip's flops per second over the link's bytes
+    per second, in tokens, whatever b and h (the ring attention paper's form of the bound)."""
+    quad = 4 * batch * hidden / flops_per_s  # seconds of compute per c²
+    lin = -2 * batch * hidden * bytes_per_value * beta  # minus seconds of message per c
+    const = -alpha
+    root = (-lin + math.sqrt(lin * lin - 4 * quad * const)) / (2 * quad)  # the positive root
+    c = max(1, math.ceil(root))
+    if c > 1 and quad * (c - 1) ** 2 + lin * (c - 1) + const >= 0:  # root a rounding above whole
+        c -= 1
+    return c

@@ -1,5 +1,6 @@
 """Ring attention (lesson 08, `lessons/08_context_parallel.ipynb`; Liu et al. 2023, "Ring
-Attention with Blockwise Transformers"; Brandon et al. 2023 for the causal load balance).
+Attention with Blockwise Transformers"; the zig-zag layout of `layout.py` balances the causal
+mask's work).
 
 Every rank of the group keeps its queries. The key/value blocks travel around the ring (rank r
 sends to r + 1 and receives from r - 1, lesson 02's ring): at step j rank r holds the block of
@@ -38,11 +39,12 @@ def wait(works):
         work.wait()
 
 
-def _pairs(layout, rank, src, causal):
-    """(query chunk i, key chunk j, mask or "all") for this rank's queries against rank src's
-    keys, the fully hidden pairs left out. Chunks are the layout's: 1 per rank, 2 for zig-zag."""
+def _pairs(layout, rank, src, causal, device):
+    """(query chunk i, key chunk j, their positions) for this rank's queries against rank src's
+    keys, the pairs the mask hides entirely left out. Chunks are the layout's: 1 a rank, or 2."""
     n = len(layout.chunks(rank))
-    q_pos, k_pos = layout.positions(rank).chunk(n), layout.positions(src).chunk(n)
+    q_pos = layout.positions(rank, device).chunk(n)
+    k_pos = layout.positions(src, device).chunk(n)
     return [(i, j, q_pos[i], k_pos[j]) for i in range(n) for j in range(n)
             if visible(q_pos[i], k_pos[j], causal) != "none"]
 
@@ -66,7 +68,7 @@ class RingAttention(torch.autograd.Function):
                 kv_next = torch.empty_like(kv)
                 works = start_exchange(kv, kv_next, right, left, group, KV_TAG)
             k_chunks, v_chunks = kv[0].chunk(n, dim=2), kv[1].chunk(n, dim=2)
-            for i, j, q_pos, k_pos in _pairs(layout, rank, src, causal):
+            for i, j, q_pos, k_pos in _pairs(layout, rank, src, causal, q.device):
                 block = attention_block(q_chunks[i], k_chunks[j], v_chunks[j], q_pos, k_pos, causal)
                 partial[i] = block if partial[i] is None else merge(*partial[i], *block)
             wait(works)
@@ -121,7 +123,7 @@ def _block_grads(dout, delta, lse, q, kv, layout, rank, src, causal):
     per_chunk = [t.chunk(n, dim=2) for t in (dout, delta, lse, q, dq)]
     k_chunks, v_chunks = kv[0].chunk(n, dim=2), kv[1].chunk(n, dim=2)
     dk_chunks, dv_chunks = dkv[0].chunk(n, dim=2), dkv[1].chunk(n, dim=2)
-    for i, j, q_pos, k_pos in _pairs(layout, rank, src, causal):
+    for i, j, q_pos, k_pos in _pairs(layout, rank, src, causal, q.device):
         dout_i, delta_i, lse_i, q_i, dq_i = (t[i] for t in per_chunk)
         dq_ij, dk_ij, dv_ij = attention_block_backward(dout_i, delta_i, lse_i, q_i, k_chunks[j],
                                                        v_chunks[j], q_pos, k_pos, causal)

@@ -77,7 +77,7 @@ def ulysses_attention(q, k, v, group, layout, causal=True):
     (placed by `layout`), with the heads split over the group in between."""
     cp = dist.get_world_size(group)
     check_ulysses(q.size(1), cp)
-    positions = torch.cat([layout.positions(r) for r in range(cp)])  # (s,): rank order
+    positions = torch.cat([layout.positions(r, q.device) for r in range(cp)])  # (s,): rank order
     qh, kh, vh = (SequenceToHeads.apply(t, group) for t in (q, k, v))  # (b, a/cp, s, d) each
     out = block_attention(qh, kh, vh, positions, positions, causal)  # (b, a/cp, s, d)
     return HeadsToSequence.apply(out, group)  # (b, a, s/cp, d)
