@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 import dlcourse
@@ -169,6 +171,30 @@ def ring_flops(group, layout):
     return flops.get_total_flops()
 
 
+class LargestTensor(TorchDispatchMode):
+    """Records the most elements any operator's output has while the `with` block runs."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.largest = max([self.largest, *sizes])
+        return out
+
+
+def largest_tensor(group, method, s=64):
+    """The largest tensor made by this rank's attention forward and backward over s tokens."""
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    gen = torch.Generator().manual_seed(0)
+    layout = Layout(METHODS[method][0], cp, s)
+    q, k, v = (layout.shard(torch.randn(B, A, s, D, generator=gen), rank, dim=2).requires_grad_()
+               for _ in range(3))
+    with LargestTensor() as mode:
+        METHODS[method][1](q, k, v, group, layout, True).sum().backward()
+    return mode.largest
+
+
 def everything():
     torch.set_default_dtype(torch.float64)
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
@@ -180,6 +206,8 @@ def everything():
                 out["attention", cp, method, causal] = attention_errors(group, method, causal)
         for name in ("contiguous", "zigzag"):
             out["flops", cp, name] = ring_flops(group, Layout(name, cp, S))
+        for method in METHODS:
+            out["largest", cp, method] = largest_tensor(group, method)
     torch.set_default_dtype(torch.float32)
     for cp, group in groups.items():
         right, left = (dist.get_group_rank(group, r) for r in ring_neighbours(
@@ -218,6 +246,19 @@ def test_each_ranks_causal_flops_are_its_block_pairs(results, cp):
         assert measured == [pairs * per_pair for pairs in causal_work(layout)]
     contiguous = [out["flops", cp, "contiguous"] for out in results[:cp]]
     assert contiguous[-1] == cp * contiguous[0]  # the imbalance zig-zag removes
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_no_rank_holds_an_s_by_s_score_matrix(results, cp):
+    """The ring's largest tensor is one block of scores, b·a·(s/cp)²; all-gather-KV's is its
+    queries against every key, b·a·(s/cp)·s; Ulysses' is whole sequences for a/cp heads,
+    b·(a/cp)·s² (here materialised: a fused kernel would not); none is b·a·s²."""
+    s = 64
+    for out in results:
+        assert out["largest", cp, "ring"] == B * A * (s // cp) ** 2
+        assert out["largest", cp, "zigzag"] <= B * A * (s // cp) ** 2
+        assert out["largest", cp, "allgather"] == B * A * (s // cp) * s
+        assert out["largest", cp, "ulysses"] == B * (A // cp) * s * s
 
 
 @pytest.mark.parametrize("method", list(METHODS))
