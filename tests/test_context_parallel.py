@@ -1,8 +1,9 @@
 """Lesson 08's attention pieces, proven: the online-softmax merge and the blockwise attention
-against torch's `scaled_dot_product_attention` in one process; ring (contiguous and zig-zag),
-Ulysses and all-gather-KV attention on real gloo ranks (cp = 2 and 4, causal and not), output
-and the gradients of q, k and v equal to one process's attention on the whole sequence; each
-rank's causal work and one layer's messages beside the formulas; bad input refused.
+against torch's `scaled_dot_product_attention` in one process; ring (contiguous and zig-zag,
+each block written out and on torch's fused CPU kernel), Ulysses and all-gather-KV attention
+on real gloo ranks (cp = 2 and 4, causal and not), output and the gradients of q, k and v equal
+to one process's attention on the whole sequence; each rank's causal work, largest tensor and
+one layer's messages beside the formulas; bad input refused.
 
 Tolerance: float64. The methods add the same products as one process in another order (blocks
 merged by rescaling), ~1e-16 relative per operation; measured at most 3e-15 on values of order 1.
@@ -26,6 +27,7 @@ from dlcourse.collectives.p2p import ring_neighbours
 from dlcourse.models import GPTConfig
 from dlcourse.parallel.context import (METHODS, Layout, attention_block, block_attention,
                                        causal_work, check_cp, merge, ring_attention)
+from dlcourse.parallel.context.kernels import KERNELS
 from dlcourse.parallel.context.measure import (as_counter, block_to_hide, count_layer,
                                                layer_formula, ring_step)
 
@@ -71,6 +73,14 @@ def test_block_attention_with_global_offsets_matches_sdpa_with_its_mask():
         assert (got.grad - ref.grad).abs().max() < TOL
     local_mask = block_attention(qs, ks, vs, torch.arange(4), k_pos, causal=True)  # offset 0
     assert (local_mask - want).abs().max() > 1e-2
+
+
+def test_the_fused_kernel_refuses_a_mask_it_cannot_express():
+    q, k, v, _ = qkv_and_grad()
+    with pytest.raises(ValueError, match="aligned diagonal"):
+        KERNELS["fused"][0](q, k, v, torch.arange(S) + 1, torch.arange(S), True)
+    out, lse = KERNELS["fused"][0](q, k, v, torch.arange(S), torch.arange(S), True)
+    assert (out - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max() < TOL
 
 
 @needs_gpu
@@ -146,7 +156,7 @@ def test_what_divides_is_accepted(cp, method):
 # ---------------------------------------------------------------- on ranks
 
 
-def attention_errors(group, method, causal):
+def attention_errors(group, method, causal, **kernel):
     """Max |parallel - one process| of the output and of dq, dk, dv on this rank."""
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
     q, k, v, dout = qkv_and_grad(cp)
@@ -155,7 +165,7 @@ def attention_errors(group, method, causal):
     want.backward(dout)
     layout = Layout(METHODS[method][0], cp, S)
     mine = [layout.shard(t, rank, dim=2).requires_grad_() for t in (q, k, v)]
-    out = METHODS[method][1](*mine, group, layout, causal)
+    out = METHODS[method][1](*mine, group, layout, causal, **kernel)
     out.backward(layout.shard(dout, rank, dim=2))
     errors = [(out - layout.shard(want.detach(), rank, dim=2)).abs().max().item()]
     errors += [(m.grad - layout.shard(f.grad, rank, dim=2)).abs().max().item()
@@ -204,6 +214,9 @@ def everything():
         for method in METHODS:
             for causal in (False, True):
                 out["attention", cp, method, causal] = attention_errors(group, method, causal)
+                if method in ("ring", "zigzag"):  # the same ring on torch's fused CPU kernel
+                    out["attention", cp, method + " fused", causal] = attention_errors(
+                        group, method, causal, kernel="fused")
         for name in ("contiguous", "zigzag"):
             out["flops", cp, name] = ring_flops(group, Layout(name, cp, S))
         for method in METHODS:
@@ -227,7 +240,7 @@ def results():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", [*METHODS, "ring fused", "zigzag fused"])
 @pytest.mark.parametrize("cp", [2, 4])
 def test_attention_and_its_gradients_equal_one_process(results, cp, method, causal):
     for rank, out in enumerate(results):

@@ -6,6 +6,7 @@ other tokens, gets them by communication.
                     online-softmax merge; the block's backward; BlockAttention (one rank)
     layout.py       Layout: contiguous or zig-zag chunks, shard / unshard; causal_work per rank
     ring.py         ring attention: K/V around the ring with send/recv, forward and backward
+    kernels.py      how the ring computes one block: written out, or torch's fused CPU kernel
     ulysses.py      DeepSpeed-Ulysses: all-to-all to head-sharded and back
     allgather.py    K/V by all-gather (torch's default in its experimental context_parallel)
     parallelize.py  METHODS, check_cp, context_parallel(model, group, method), average_gradients

@@ -7,9 +7,11 @@
     # this rank's causal attention compute alone, without messages: the load (im)balance
 
 Variants: "ring", "zigzag", "allgather" and "ulysses" on the group's ranks, each rank holding
-s/cp tokens; "one process (sdpa)" and "one process (blockwise)" run the whole sequence on every
-rank alone (torch's `scaled_dot_product_attention`, and this package's `block_attention`, the
-ring's own arithmetic in one block), so they load the machine as the parallel variants do.
+s/cp tokens, and "ring fused", "zigzag fused": the ring with torch's fused CPU kernel per block
+(`kernels.py`), the kernel SDPA runs. "one process (sdpa)" and "one process (blockwise)" run
+the whole sequence on every rank alone (torch's `scaled_dot_product_attention`, and this
+package's `block_attention`, the ring's own arithmetic in one block), so they load the machine
+as the parallel variants do.
 """
 
 import statistics
@@ -34,7 +36,9 @@ def attention_step(variant, q, k, v, group, layout, causal=True):
         pos = torch.arange(q.size(2), device=q.device)
         out = block_attention(q, k, v, pos, pos, causal)
     else:
-        out = METHODS[variant][1](q, k, v, group, layout, causal)
+        method, _, kernel = variant.partition(" ")  # "ring fused" -> ring, kernel "fused"
+        options = {"kernel": kernel} if kernel else {}
+        out = METHODS[method][1](q, k, v, group, layout, causal, **options)
     out.sum().backward()
 
 
@@ -43,7 +47,7 @@ def _inputs(variant, group, batch, heads, seq_len, head_dim, seed=0):
     whole = [torch.randn(batch, heads, seq_len, head_dim, generator=gen) for _ in range(3)]
     if variant in ONE_PROCESS:
         return [t.requires_grad_() for t in whole], None
-    layout = Layout(METHODS[variant][0], dist.get_world_size(group), seq_len)
+    layout = Layout(METHODS[variant.split()[0]][0], dist.get_world_size(group), seq_len)
     rank = dist.get_rank(group)
     return [layout.shard(t, rank, dim=2).requires_grad_() for t in whole], layout
 

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from dlcourse.collectives.p2p import ring_neighbours
-from dlcourse.parallel.context.blockwise import (attention_block, attention_block_backward,
-                                                 merge, visible)
+from dlcourse.parallel.context.blockwise import merge, visible
+from dlcourse.parallel.context.kernels import KERNELS
 
 KV_TAG, GRAD_TAG = 0, 1  # the two streams from left to right in the backward, kept apart
 
@@ -54,7 +54,8 @@ class RingAttention(torch.autograd.Function):
     (b, a, s/cp, d) of its queries over the whole sequence."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, layout, causal):
+    def forward(ctx, q, k, v, group, layout, causal, kernel):
+        block_forward = KERNELS[kernel][0]
         rank, cp = dist.get_rank(group), dist.get_world_size(group)
         right, left = ring_neighbours(rank, cp, group)
         n = len(layout.chunks(rank))
@@ -69,14 +70,14 @@ class RingAttention(torch.autograd.Function):
                 works = start_exchange(kv, kv_next, right, left, group, KV_TAG)
             k_chunks, v_chunks = kv[0].chunk(n, dim=2), kv[1].chunk(n, dim=2)
             for i, j, q_pos, k_pos in _pairs(layout, rank, src, causal, q.device):
-                block = attention_block(q_chunks[i], k_chunks[j], v_chunks[j], q_pos, k_pos, causal)
+                block = block_forward(q_chunks[i], k_chunks[j], v_chunks[j], q_pos, k_pos, causal)
                 partial[i] = block if partial[i] is None else merge(*partial[i], *block)
             wait(works)
             kv = kv_next
         out = torch.cat([o for o, _ in partial], dim=2)  # (b, a, s/cp, d)
         lse = torch.cat([l for _, l in partial], dim=2)  # (b, a, s/cp)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.layout, ctx.causal = group, layout, causal
+        ctx.group, ctx.layout, ctx.causal, ctx.kernel = group, layout, causal, kernel
         return out
 
     @staticmethod
@@ -95,7 +96,8 @@ class RingAttention(torch.autograd.Function):
             if step < cp - 1:
                 kv_next = torch.empty_like(kv)
                 works = start_exchange(kv, kv_next, right, left, group, KV_TAG)
-            dq_part, dkv = _block_grads(dout, delta, lse, q, kv, layout, rank, src, causal)
+            dq_part, dkv = _block_grads(dout, out, delta, lse, q, kv, layout, rank, src, causal,
+                                        KERNELS[ctx.kernel][1])
             dq += dq_part
             if step == 0:
                 own = dkv  # this rank's own block: its part stays home
@@ -111,33 +113,36 @@ class RingAttention(torch.autograd.Function):
         if travelling is not None:  # the accumulator of our own block, home after cp - 1 hops
             wait(travelling[0])
             own = own + travelling[1]
-        return dq, own[0], own[1], None, None, None
+        return dq, own[0], own[1], None, None, None, None
 
 
-def _block_grads(dout, delta, lse, q, kv, layout, rank, src, causal):
+def _block_grads(dout, out, delta, lse, q, kv, layout, rank, src, causal, block_backward):
     """This rank's queries against rank src's block: dq (b, a, s/cp, d) and the queries' part
     of that block's dK and dV, stacked (2, b, a, s/cp, d)."""
     n = len(layout.chunks(rank))
     dq = torch.zeros_like(q)
     dkv = torch.zeros_like(kv)
-    per_chunk = [t.chunk(n, dim=2) for t in (dout, delta, lse, q, dq)]
+    per_chunk = [t.chunk(n, dim=2) for t in (dout, out, delta, lse, q, dq)]
     k_chunks, v_chunks = kv[0].chunk(n, dim=2), kv[1].chunk(n, dim=2)
     dk_chunks, dv_chunks = dkv[0].chunk(n, dim=2), dkv[1].chunk(n, dim=2)
     for i, j, q_pos, k_pos in _pairs(layout, rank, src, causal, q.device):
-        dout_i, delta_i, lse_i, q_i, dq_i = (t[i] for t in per_chunk)
-        dq_ij, dk_ij, dv_ij = attention_block_backward(dout_i, delta_i, lse_i, q_i, k_chunks[j],
-                                                       v_chunks[j], q_pos, k_pos, causal)
+        dout_i, out_i, delta_i, lse_i, q_i, dq_i = (t[i] for t in per_chunk)
+        dq_ij, dk_ij, dv_ij = block_backward(dout_i, out_i, delta_i, lse_i, q_i, k_chunks[j],
+                                             v_chunks[j], q_pos, k_pos, causal)
         dq_i += dq_ij  # views: these write into dq and dkv
         dk_chunks[j].add_(dk_ij)
         dv_chunks[j].add_(dv_ij)
     return dq, dkv
 
 
-def ring_attention(q, k, v, group, layout, causal=True):
+def ring_attention(q, k, v, group, layout, causal=True, kernel="explicit"):
     """Attention of this rank's queries over the whole sequence, K/V passed around the ring:
-    q, k, v (b, a, s/cp, d) hold this rank's tokens as `layout` places them."""
+    q, k, v (b, a, s/cp, d) hold this rank's tokens as `layout` places them. kernel: how one
+    block is computed, a key of `kernels.KERNELS` ("explicit", or "fused" on CPU)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; one of {sorted(KERNELS)}")
     if q.size(2) * layout.cp != layout.seq_len or dist.get_world_size(group) != layout.cp:
         raise ValueError(f"ring_attention: {layout.cp} ranks of {q.size(2)} tokens do not make "
                          f"the layout's {layout.seq_len} tokens on a group of "
                          f"{dist.get_world_size(group)}")
-    return RingAttention.apply(q, k, v, group, layout, causal)
+    return RingAttention.apply(q, k, v, group, layout, causal, kernel)
