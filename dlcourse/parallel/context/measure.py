@@ -23,25 +23,19 @@ import math
 from collections import Counter
 
 import torch
+import torch.distributed as dist
 
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.memory.estimate import SavedTensorEstimate
 from dlcourse.models import Block
-from dlcourse.parallel.context.parallelize import METHODS, ContextParallelAttention, cp_layout
-
-
-def cp_block(block, group, method="ring", seq_len=None, config=None):
-    """One `Block` with its attention made context-parallel (in place; returns it)."""
-    layout = cp_layout(config, group, method, seq_len)
-    block.attn = ContextParallelAttention(block.attn, group, layout, METHODS[method][1])
-    return block
+from dlcourse.parallel.context.parallelize import METHODS, cp_block, cp_layout
 
 
 def count_layer(config, batch, group, method="ring", seed=0):
     """Run one context-parallel `Block` forward and backward on random local input (b, s/cp, h)
     and count the messages: {"forward": [CommRecord], "backward": [CommRecord]} on this rank."""
-    block = cp_block(Block(config), group, method, config=config)
-    cp = group.size()
+    block = cp_block(Block(config), group, cp_layout(config, group, method), method)
+    cp = dist.get_world_size(group)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, config.seq_len // cp, config.hidden, generator=gen).requires_grad_()
     with CommCounter() as forward:

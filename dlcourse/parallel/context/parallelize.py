@@ -93,6 +93,12 @@ class GlobalPositions(nn.Module):
         return F.embedding(self.positions[local], self.weight)  # (n, h)
 
 
+def cp_block(block, group, layout, method):
+    """One `Block` with its attention made context-parallel, in place; returns it."""
+    block.attn = ContextParallelAttention(block.attn, group, layout, METHODS[method][1])
+    return block
+
+
 def context_parallel(model, group, method="ring", seq_len=None):
     """A copy of the plain `GPT` that runs on this rank's s/cp tokens of `group`'s sequences."""
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -101,7 +107,7 @@ def context_parallel(model, group, method="ring", seq_len=None):
     model = copy.deepcopy(model)
     model.pos_emb = GlobalPositions(model.pos_emb, layout.positions(rank))
     for block in model.blocks:
-        block.attn = ContextParallelAttention(block.attn, group, layout, METHODS[method][1])
+        cp_block(block, group, layout, method)
     return model
 
 
