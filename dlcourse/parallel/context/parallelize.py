@@ -8,10 +8,10 @@
     lm_loss(cp_model(x), y).backward()             # this rank's s/cp tokens
     average_gradients(cp_model, group)             # the weights are replicated, as in DP
 
-Every rank holds the whole model and s/cp tokens of every sequence. Only two things in the GPT
-see other tokens, and only they change (the plain model is not: the new one is a copy):
-attention, whose core becomes one of `METHODS`, and the learned positions, which must be the
-tokens' global positions, not 0..s/cp-1. The model's own forward is untouched and knows nothing
+Every rank holds the whole model and s/cp tokens of every sequence. Only two parts of the GPT
+care where a token sits in the sequence, and only they change (in a copy; the plain model is
+left as it was): attention, which needs every earlier token and whose core becomes one of
+`METHODS`, and the learned positions, which must be the tokens' global positions, not 0..s/cp-1. The model's own forward is untouched and knows nothing
 of ranks. Each rank's loss is the mean over its tokens; all ranks hold as many tokens, so the
 mean of the ranks' losses is the whole sequence's loss, and averaging the gradients over the
 group gives its gradient (the K/V gradients already crossed the ranks inside attention).
@@ -19,7 +19,6 @@ group gives its gradient (the K/V gradients already crossed the ranks inside att
 
 import copy
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
