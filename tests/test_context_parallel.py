@@ -29,7 +29,8 @@ from dlcourse.parallel.context import (METHODS, Layout, attention_block, block_a
                                        causal_work, check_cp, merge, ring_attention)
 from dlcourse.parallel.context.kernels import KERNELS
 from dlcourse.parallel.context.measure import (as_counter, block_to_hide, count_layer,
-                                               layer_formula, ring_step)
+                                               layer_bytes_sent, layer_formula, ring_step,
+                                               sent_bytes)
 
 TOL = 1e-12
 B, A, S, D = 2, 4, 16, 4  # batch, heads, whole sequence, head dim
@@ -228,6 +229,7 @@ def everything():
         for method in METHODS:
             records = count_layer(CFG, B, group, method)
             out["comm", cp, method] = {k: as_counter(v) for k, v in records.items()}
+            out["sent", cp, method] = sum(sent_bytes(v) for v in records.values())
             out["peers", cp, method] = {(r.op, r.peer) for v in records.values() for r in v
                                         if r.op in ("send", "recv")}
         out["neighbours", cp] = {("send", right), ("recv", left)}
@@ -279,6 +281,8 @@ def test_no_rank_holds_an_s_by_s_score_matrix(results, cp):
 def test_one_layer_sends_what_the_formula_says(results, cp, method):
     for out in results:
         assert out["comm", cp, method] == layer_formula(CFG, B, cp, method)
+        assert out["sent", cp, method] == pytest.approx(layer_bytes_sent(CFG, B, cp, method),
+                                                         rel=1e-12)
 
 
 @pytest.mark.parametrize("cp", [2, 4])

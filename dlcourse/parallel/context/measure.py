@@ -3,6 +3,7 @@
 
     count_layer(config, batch, group, method)   # one Block's messages, counted (CommCounter)
     layer_formula(config, batch, cp, method)    # the same from the algorithms
+    layer_bytes_sent(config, batch, cp, method) # what one rank's link carries out, per layer
     cp_saved_tensors(config, batch, cp, method) # every tensor one rank saves for backward
     cp_layer_bytes(config, batch, cp, method)   # one layer of that, in closed form
     ring_step(batch, block_len, hidden)         # one ring step: flops against message bytes
@@ -61,6 +62,26 @@ def layer_formula(config, batch, cp, method="ring"):
                 "backward": Counter({("all_to_all", bsh // cp): 4})}
     return {"forward": Counter({("all_gather", 2 * bsh): 1}),
             "backward": Counter({("reduce_scatter", 2 * bsh): 1})}
+
+
+def layer_bytes_sent(config, batch, cp, method="ring", itemsize=4):
+    """Bytes one rank sends to the others for one layer, forward and backward (on a ring for the
+    collectives, nccl-tests' bus factors): what its link carries out, to set beside `sent_bytes`.
+
+        ring, zigzag  3 passes (K/V forward, K/V and dK/dV backward) x (cp-1) x 2·b·s·h/cp
+        ulysses       8 all-to-alls x (cp-1)/cp x b·s·h/cp  -- shrinks as cp grows; the ring's does not
+        allgather     all-gather + reduce-scatter, 2 x (cp-1)/cp x 2·b·s·h
+    """
+    bsh = batch * config.seq_len * config.hidden
+    values = {"ring": 3 * (cp - 1) * 2 * bsh / cp, "zigzag": 3 * (cp - 1) * 2 * bsh / cp,
+              "ulysses": 8 * (cp - 1) / cp * bsh / cp, "allgather": 2 * (cp - 1) / cp * 2 * bsh}
+    return values[method] * itemsize
+
+
+def sent_bytes(records):
+    """Bytes a rank sent over its link in `records`: each send's message, each collective's size
+    x its bus factor (lesson 02, `CommRecord.bus_bytes`); receives are the other end of a send."""
+    return sum(r.bus_bytes() for r in records if r.op != "recv")
 
 
 def as_counter(records, itemsize=4):
