@@ -69,8 +69,9 @@ def layer_bytes_sent(config, batch, cp, method="ring", itemsize=4):
     collectives, nccl-tests' bus factors): what its link carries out, to set beside `sent_bytes`.
 
         ring, zigzag  3 passes (K/V forward, K/V and dK/dV backward) x (cp-1) x 2·b·s·h/cp
-        ulysses       8 all-to-alls x (cp-1)/cp x b·s·h/cp  -- shrinks as cp grows; the ring's does not
+        ulysses       8 all-to-alls x (cp-1)/cp x b·s·h/cp
         allgather     all-gather + reduce-scatter, 2 x (cp-1)/cp x 2·b·s·h
+    Ulysses' volume per rank shrinks as cp grows; the ring's and all-gather's do not.
     """
     bsh = batch * config.seq_len * config.hidden
     values = {"ring": 3 * (cp - 1) * 2 * bsh / cp, "zigzag": 3 * (cp - 1) * 2 * bsh / cp,

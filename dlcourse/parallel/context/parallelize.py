@@ -11,8 +11,8 @@
 Every rank holds the whole model and s/cp tokens of every sequence. Only two parts of the GPT
 care where a token sits in the sequence, and only they change (in a copy; the plain model is
 left as it was): attention, which needs every earlier token and whose core becomes one of
-`METHODS`, and the learned positions, which must be the tokens' global positions, not 0..s/cp-1. The model's own forward is untouched and knows nothing
-of ranks. Each rank's loss is the mean over its tokens; all ranks hold as many tokens, so the
+`METHODS`, and the learned positions, which must be the tokens' global positions, not
+0..s/cp-1. The model's own forward is untouched and knows nothing of ranks. Each rank's loss is the mean over its tokens; all ranks hold as many tokens, so the
 mean of the ranks' losses is the whole sequence's loss, and averaging the gradients over the
 group gives its gradient (the K/V gradients already crossed the ranks inside attention).
 """
