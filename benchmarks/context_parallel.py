@@ -54,7 +54,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (plus one warm-up)")
     parser.add_argument("--not-causal", action="store_true", help="no causal mask")
     args = parser.parse_args()
-    Layout("zigzag", CP, args.seq_len)  # refuses a length 2·cp does not divide, before launching
+    try:
+        Layout("zigzag", CP, args.seq_len)  # a length 2·cp does not divide, before any rank starts
+    except ValueError as error:
+        parser.error(str(error))
     causal = "not causal" if args.not_causal else "causal"
     print(f"attention forward + backward, {causal}: batch {args.batch}, {args.heads} heads of "
           f"{args.head_dim}, {args.seq_len} tokens; cp = {CP} gloo ranks, {args.rounds} rounds")
