@@ -89,7 +89,7 @@ class RingAttention(torch.autograd.Function):
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)  # (b, a, s/cp): rowsum(dO ∘ O)
         dq = torch.zeros_like(q)
-        kv, own, travelling, sends = torch.stack([k, v]), None, None, []
+        kv, own, travelling = torch.stack([k, v]), None, None
         for step in range(cp):
             src = (rank - step) % cp
             works, kv_next = [], None
@@ -101,19 +101,26 @@ class RingAttention(torch.autograd.Function):
             dq += dq_part
             if step == 0:
                 own = dkv  # this rank's own block: its part stays home
-            else:  # add to the block's accumulator (from the left, unless we start it); pass it on
-                if travelling is not None:
-                    wait(travelling[0])
-                    dkv = dkv + travelling[1]
-                received = torch.empty_like(dkv)
-                travelling = (start_exchange(dkv, received, right, left, group, GRAD_TAG), received)
-                sends.append(dkv)  # keep the message alive until it is sent
+            else:
+                travelling = _pass_on(dkv, travelling, right, left, group)
             wait(works)
             kv = kv_next
         if travelling is not None:  # the accumulator of our own block, home after cp - 1 hops
             wait(travelling[0])
             own = own + travelling[1]
         return dq, own[0], own[1], None, None, None, None
+
+
+def _pass_on(dkv, travelling, right, left, group):
+    """Add this rank's part of dK/dV to the block's accumulator, which came from the left (none
+    at the block's first hop), and send it on to the right; post the receive of the next one.
+    Returns (works, the buffer the next accumulator lands in, the message being sent)."""
+    if travelling is not None:
+        works, received, _ = travelling
+        wait(works)  # also the send of the last message: its buffer may go now
+        dkv = dkv + received
+    received = torch.empty_like(dkv)
+    return start_exchange(dkv, received, right, left, group, GRAD_TAG), received, dkv
 
 
 def _block_grads(dout, out, delta, lse, q, kv, layout, rank, src, causal, block_backward):
