@@ -150,3 +150,39 @@ def test_dlcourse_plan_prints_the_table(capsys):
 def test_dlcourse_plan_refuses_bad_input_saying_what_to_do(argv, says, capsys):
     assert main(["plan", *argv]) == 2
     assert says in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- in flight: lesson 06's count
+
+@pytest.mark.parametrize("pp, m, v", [(2, 2, 1), (4, 8, 1), (4, 3, 1), (8, 32, 1), (4, 8, 2),
+                                      (4, 8, 4), (8, 16, 2), (2, 4, 4)])
+def test_the_first_stage_holds_what_lesson_06s_schedule_holds(pp, m, v):
+    """The planner's activations are lesson 06's `in_flight_peak` over lesson 06's own action
+    lists, an interleaved chunk costing 1/v of a stage; and for m >= p they are the papers'
+    closed forms: p micro-batches for plain 1F1B (no extra factor), p (1 + (p-1)/(p v))
+    interleaved (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2.3)."""
+    from dlcourse.memory.accounting import activation_bytes
+    from dlcourse.parallel.pipeline.measure import in_flight_peak
+    from dlcourse.parallel.pipeline.schedules import interleaved_1f1b, one_f_one_b
+    from dlcourse.planner.estimate import activations_in_flight, in_flight_micro_batches
+
+    spec = replace(LLAMA7, n_layers=pp * v * 2, vocab_size=8)  # whole chunks; a tiny loss
+    work = Workload(spec, 512, 512 * 8 * m)
+    layout = Layout(8, 1, pp, micro_batch=1, micro_batches=m, interleave=v)
+    actions = (one_f_one_b(0, pp, m) if v == 1 else interleaved_1f1b(0, pp, m, v))
+    chunk = 2 * activation_bytes(512, 1, spec.hidden, spec.n_heads)  # two layers a chunk
+    lesson06 = in_flight_peak(actions, {s: chunk for s in range(pp * v)})
+    assert activations_in_flight(work, layout) == pytest.approx(lesson06, rel=1e-12)
+    stage_micro_batches = in_flight_micro_batches(pp, m, v)
+    if m >= pp:
+        paper = pp if v == 1 else pp * (1 + (pp - 1) / (pp * v))
+        assert stage_micro_batches == pytest.approx(paper)
+    else:  # fewer micro-batches than stages: each one is in flight at once
+        assert stage_micro_batches == m
+
+
+def test_interleaving_costs_memory_it_does_not_save_it():
+    work = Workload(REAL_MODELS["Llama-2 70B"], 4096, 1024 * 4096)
+    held = [memory_per_gpu(work, Layout(32, 2, 8, zero_stage=1, micro_batches=32, interleave=v,
+                                        recompute="selective")) for v in (1, 2, 4)]
+    assert held[0] < held[1] and held[0] < held[2]

@@ -5,9 +5,10 @@
   `dlcourse.memory.model_state_bytes`), for the parameters of the busiest pipeline stage, the
   weight matrices and the vocabulary split over tp (lesson 04), norms replicated;
 - activations: Korthikanti et al. 2022, Table 2 (`dlcourse.memory.activation_bytes`, lesson 04:
-  tp, sequence parallelism, recomputation), times the micro-batches a stage holds at once
-  (lesson 06: 1F1B's first stage holds p, interleaving adds (p - 1)/(p v) of that), plus the
-  fp32 log-probabilities of the loss on the last stage, split over tp;
+  tp, sequence parallelism, recomputation), times the micro-batches a stage holds at once,
+  counted by lesson 06's `in_flight_peak` over its own schedules (1F1B's first stage holds p;
+  interleaving holds p (1 + (p - 1)/(p v)): more, not less), plus the fp32 log-probabilities
+  of the loss on the last stage, split over tp;
 - time: compute at `efficiency` of the GPU's peak, 6Ψ + 12Lhs FLOPs per token (the PaLM
   convention, attention included) plus what recomputation adds; stretched by the pipeline
   bubble (p - 1)/(v m); plus the communication that is not hidden, with lesson 02's alpha-beta
@@ -19,12 +20,15 @@ Not modelled: offload, context parallelism, expert parallelism, kernel-level ove
 communication, and the memory the framework itself takes (left as `HEADROOM`).
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
 from dlcourse.collectives.cost import predict_time
 from dlcourse.memory.accounting import activation_bytes, model_state_bytes
 from dlcourse.memory.calculator import spec_params
+from dlcourse.parallel.pipeline.measure import in_flight_peak
+from dlcourse.parallel.pipeline.schedules import Action, interleaved_1f1b, one_f_one_b
 
 EFFICIENCY = 0.6  # fraction of the datasheet peak that a training step's matmuls sustain
 HEADROOM = 0.1  # fraction of device memory left for the CUDA context, buffers, fragmentation
@@ -74,16 +78,43 @@ def memory_per_gpu(work, layout):
     """Bytes on the busiest GPU: its stage's model state, and its activations in flight."""
     spec, L = work.model, layout
     state = model_state_bytes(stage_params(spec, L), dp=L.dp, zero_stage=L.zero_stage).total
+    return state + activations_in_flight(work, L)
+
+
+def activations_in_flight(work, L):
+    """The most activation bytes a pipeline rank holds at once: lesson 06's `in_flight_peak`
+    over the rank's 1F1B (v = 1) or interleaved 1F1B action list, each (virtual) stage's
+    micro-batch costing its layers' activations (an interleaved chunk holds L/(p v) layers;
+    the last one adds the loss's fp32 log-probabilities). Ranks 0 (most in flight) and p - 1
+    (the loss) are the candidates for the busiest."""
+    spec = work.model
     one_layer = activation_bytes(work.seq_len, L.micro_batch, spec.hidden, spec.n_heads, 1,
                                  L.tp, L.sequence_parallel, L.recompute, bytes_per_value=BYTES)
-    layers = math.ceil(spec.n_layers / L.pp)
     log_probs = 4 * work.seq_len * L.micro_batch * spec.vocab_size / L.tp
-    if L.pp == 1:
-        return state + layers * one_layer + log_probs
-    in_flight = min(L.micro_batches, L.pp) * (1 + (L.pp - 1) / (L.pp * L.interleave))
-    first = layers * one_layer * in_flight
-    last = layers * one_layer + log_probs  # the last stage holds one micro-batch at a time
-    return state + max(first, last)
+    chunks = L.pp * L.interleave
+    per_chunk = math.ceil(spec.n_layers / chunks) * one_layer
+    stage_bytes = {s: per_chunk + (log_probs if s == chunks - 1 else 0) for s in range(chunks)}
+    return max(in_flight_peak(schedule_actions(r, L.pp, L.micro_batches, L.interleave),
+                              stage_bytes) for r in {0, L.pp - 1})
+
+
+@functools.lru_cache(maxsize=4096)
+def schedule_actions(rank, pp, micro_batches, interleave):
+    """Lesson 06's action list of `rank` (`dlcourse.parallel.pipeline.schedules`): 1F1B, or
+    interleaved 1F1B with v = `interleave` chunks; one forward and backward when pp = 1 (each
+    micro-batch's activations are freed by its backward before the next one starts)."""
+    if pp == 1:
+        return (Action(0, "F", 0), Action(0, "B", 0))
+    if interleave == 1:
+        return tuple(one_f_one_b(rank, pp, micro_batches))
+    return tuple(interleaved_1f1b(rank, pp, micro_batches, interleave))
+
+
+def in_flight_micro_batches(pp, micro_batches, interleave=1):
+    """Micro-batches of a whole stage's layers the first rank holds at once: p for 1F1B once
+    m >= p; (p - 1 + v p) chunks of 1/v of a stage, that is p (1 + (p - 1)/(p v)), interleaved
+    (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2.3)."""
+    return in_flight_peak(schedule_actions(0, pp, micro_batches, interleave)) / interleave
 
 
 def model_flops_per_token(spec, seq_len):
