@@ -12,8 +12,9 @@ interleaving and one for recomputation. Fewer is simpler to run, debug and expla
 from dataclasses import dataclass, field, replace
 
 from dlcourse.planner.estimate import HEADROOM, estimate
-from dlcourse.planner.hardware import GPUS, Cluster
+from dlcourse.planner.hardware import GPUS, PRICE_CAVEAT, Cluster
 from dlcourse.planner.layouts import layouts
+from dlcourse.planner.published import RUNS, error_band
 
 NEAR_CHEAPEST = 0.10  # the recommendation may cost this much more than the cheapest, if simpler
 
@@ -100,20 +101,33 @@ def format_plan(p, top=8, out=None):
                                 f"({least.layout.describe()}) needs {least.memory / 1e9:.1f} GB a "
                                 f"GPU, more than {1 - HEADROOM:.0%} of {gpu.memory / 1e9:.0f} GB.",
                           *(f"- {a}" for a in p.advice)])
-    rows = [("layout", "GB/GPU", "step s", "tokens/s", "MFU", "$/M tok", "simplicity")]
+    rows = [("layout", "GB/GPU", "step s", "bubble", "tokens/s", "MFU", "$/M tok",
+             "simplicity")]
     for e in p.ranked[:top]:
         rows.append((e.layout.describe(), f"{e.memory / 1e9:.1f}", f"{e.step_time:.2f}",
-                     f"{e.tokens_per_s:,.0f}", f"{e.mfu:.0%}", f"{e.dollars_per_m_tokens:.3f}",
-                     str(simplicity(e.layout))))
+                     f"{e.bubble:.0%}", f"{e.tokens_per_s:,.0f}", f"{e.mfu:.0%}",
+                     f"{e.dollars_per_m_tokens:.3f}", str(simplicity(e.layout))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                        enumerate(zip(r, widths))) for r in rows]
     r = p.recommended
+    low, high = cost_band(r)
     return "\n".join([head, f"{len(p.ranked)} layouts fit; the {min(top, len(p.ranked))} "
-                            "cheapest:", *lines,
+                            "cheapest (bubble: the pipeline's idle share of the step, lesson "
+                            "06):", *lines,
                       f"Recommended (simplest within {NEAR_CHEAPEST:.0%} of the cheapest): "
                       f"{r.layout.describe()}, ${r.dollars_per_m_tokens:.3f} per million "
-                      f"tokens, {r.mfu:.0%} MFU"])
+                      f"tokens (${low:.3f} to ${high:.3f}: the planner's error on "
+                      f"{len(RUNS)} published runs), {r.mfu:.0%} MFU",
+                      f"({PRICE_CAVEAT})"])
+
+
+def cost_band(e):
+    """($ low, $ high) per million tokens of an Estimate: its cost stretched by the spread of
+    the planner's throughput errors on the published runs (a throughput predicted (1 + err)
+    times too high is a cost (1 + err) times too low)."""
+    low, high = error_band()
+    return e.dollars_per_m_tokens * (1 + low), e.dollars_per_m_tokens * (1 + high)
 
 
 def pareto(points):
