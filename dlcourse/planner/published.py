@@ -94,8 +94,9 @@ def _torchtitan(name, local_batch, recompute, wps):
                         Cluster(A100, 64), layout, "tokens/s/GPU", wps)
 
 
-LLAMA3_MEMORY = ("lesson 06's schedules hold 16 micro-batches of 8 layers on the first "
-                 "stage; Llama 3 took a layer off the first and last stages and tuned how many "
+LLAMA3_MEMORY = ("without recomputation lesson 06's schedules keep p (1 + (p - 1)/(p v)) "
+                 "stages' worth of 8K-token micro-batches on the first stage (16 at v = 1); "
+                 "Llama 3 took a layer off the first and last stages and tuned how many "
                  "micro-batches run back to back (§3.3.2), which the planner does not model")
 
 

@@ -138,3 +138,32 @@ def pareto(points):
         if not front or c < front[-1][1]:
             front.append((t, c, label))
     return front
+
+
+def terms(e):
+    """One line: a layout's memory and its step time split into the planner's terms."""
+    return (f"{e.layout.describe():34} {e.memory / 1e9:5.1f} GB, step {e.step_time:6.3f} s = "
+            f"compute {e.compute_time:6.3f} (bubble {e.bubble:.0%} of the step) + tp "
+            f"{e.tp_time:5.3f} + pp sends {e.pp_time:5.3f} + dp {e.dp_time:5.3f} + Adam "
+            f"{e.optimizer_time:5.3f}; ${e.dollars_per_m_tokens:.3f}/M tokens")
+
+
+RIVALS = {  # what the recommended layout is set against: the best layout of each family
+    "best with tp > 1": lambda L: L.tp > 1,
+    "best with pp > 1": lambda L: L.pp > 1,
+    "best without ZeRO": lambda L: L.zero_stage == 0,
+    "best without recompute": lambda L: L.recompute == "none",
+}
+
+
+def explain(p):
+    """Why the recommendation wins: its terms, then those of the cheapest layout of each
+    family it is not in, with how much more each costs."""
+    r = p.recommended
+    lines = [f"recommended             {terms(r)}"]
+    for label, keep in RIVALS.items():
+        rival = next((e for e in p.ranked if keep(e.layout)), None)
+        if rival is not None and rival is not r and not keep(r.layout):
+            extra = rival.dollars_per_m_tokens / r.dollars_per_m_tokens - 1
+            lines.append(f"{label:23} {terms(rival)} ({extra:+.0%})")
+    return "\n".join(lines)
