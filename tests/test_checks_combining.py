@@ -392,7 +392,8 @@ def best_sorted_gpu_seconds(candidates, memory_budget, price_per_gpu_hour, token
 
 
 def best_ignores_memory(candidates, memory_budget, price_per_gpu_hour, tokens_per_step):
-    return min(candidates, key=lambda c: layout_cost(c, price_per_gpu_hour, tokens_per_step))["name"]
+    key = lambda c: layout_cost(c, price_per_gpu_hour, tokens_per_step)
+    return min(candidates, key=key)["name"]
 
 
 def best_fastest(candidates, memory_budget, price_per_gpu_hour, tokens_per_step):
