@@ -5,8 +5,7 @@ The answers are the lesson's own code: every public function and class of the ra
 strategies (`dlcourse.parallel.combine`), of the planner (`dlcourse.planner` and its modules:
 `estimate`, `memory_per_gpu`, `plan`, ...) and of lesson 06's schedules and their measures
 (`one_f_one_b`, `interleaved_1f1b`, `in_flight_peak`, ...), found by walking the packages when
-a check runs so a
-function added later is refused too; lesson 01's `model_state_bytes`; and torch's
+a check runs so a function added later is refused too; lesson 01's `model_state_bytes`; and torch's
 `init_device_mesh` and `DeviceMesh`, which lay ranks out on a grid. An answer is refused however
 it is reached (`refuse.replaced`): every name bound to it, the function itself (its code is
 swapped, so an alias or a default argument made before the check refuses too), a copy of it
