@@ -265,3 +265,16 @@ def test_dlcourse_plan_refuses_bad_input_in_one_line_naming_the_flag(argv, says,
     captured = capsys.readouterr()
     assert captured.err.startswith("dlcourse plan: ") and says in captured.err
     assert captured.err.count("\n") == 1 and not captured.out  # one line, before any work
+
+
+def test_dlcourse_plan_takes_the_attention_kernel_and_prints_the_price_caveat(capsys):
+    """Eager attention stores the scores: Llama-2 7B at 4,096 tokens needs more memory a GPU
+    than with the fused kernel, so the cheapest layout differs; both print where the price is
+    from."""
+    for kernel in ("fused", "eager"):
+        assert main(["plan", "--model", "llama-2-7b", "--gpus", "64", "--tokens-per-step", "4M",
+                     "--top", "1", "--attention", kernel]) == 0
+    fused, eager = capsys.readouterr().out.split("Llama-2 7B, ")[1:]
+    assert fused.count("on-demand list price on 2026-07-23") == 1
+    first_row = lambda text: text.splitlines()[3]
+    assert first_row(fused) != first_row(eager)
