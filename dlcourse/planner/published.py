@@ -19,9 +19,12 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   sequence parallelism) and with their selective recomputation + sequence parallelism;
   interleaving with 3 stages for 175B and 530B (§6); no data parallelism; and §6.3's 530B
   at 8-way data parallelism (2,240 GPUs, 39.15 s).
-- torchtitan, docs/performance.md (commit 820504e, 2025-06-13): FSDP2 (ZeRO-3) on 64 A100
-  80 GB, Llama 2 at 4,096 tokens, local batch 2 (1 for 70B with selective), SDPA (fused)
-  attention; WPS is tokens per second per GPU. The network is not stated: DGX-like assumed.
+- torchtitan, docs/performance.md, "Llama 2 performance numbers" (added in commit 395a526,
+  2024-04-18; the table left the file on 2024-12-03): FSDP2 (ZeRO-3) on 64 A100 80 GB, Llama 2
+  at 4,096 tokens, local batch 2, SDPA (fused) attention; the rows without recomputation (13B)
+  and with full recomputation (70B). WPS is tokens per second per GPU (its MFU column checks
+  it: 2,162 x 6Ψ-and-attention FLOPs = 61% of 312 TFLOPS). The network is not stated: one
+  200 Gb/s port per GPU, as on DGX A100, is assumed.
 - Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4: Llama 3 405B on H100 80 GB,
   TP 8, PP 16, 8,192 tokens, 16M tokens a batch; BF16 MFU. §3.3.2: FSDP that shards the
   optimizer state and gradients and does not reshard the weights after forward, no
