@@ -43,7 +43,6 @@ from dlcourse.planner.layouts import Layout, Workload, problems
 
 TOLERANCE = 0.20  # the bar: predicted throughput within 20% of published
 MEMORY_TOLERANCE = 0.15  # ... and memory per GPU within 15%, where the source states it
-GIB = 2**30
 
 
 @dataclass(frozen=True)
