@@ -10,6 +10,6 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
     calibration.py the one measured constant: what a matmul keeps of its MAMF inside a layer
     rank.py        plan(): the ranked table, the Pareto front of cost against time, and why
                    nothing fits when nothing does
-    published.py   29 published runs (Megatron-LM, torchtitan, Llama 3) the planner is checked
+    published.py   published runs (Megatron-LM, torchtitan, BLOOM, Llama 3) the planner is checked
                    against; the spread of its errors is the band on every cost
 """

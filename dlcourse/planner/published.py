@@ -25,6 +25,12 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   and with full recomputation (70B). WPS is tokens per second per GPU (its MFU column checks
   it: 2,162 x 6Ψ-and-attention FLOPs = 61% of 312 TFLOPS). The network is not stated: one
   200 Gb/s port per GPU, as on DGX A100, is assumed.
+- BigScience BLOOM-176B, bigscience-workshop/bigscience, train/tr11-176B-ml: tr11-176B-ml.slurm
+  (TP 4, PP 12, micro-batch 2, global batch 2,048 of 2,048 tokens, 70 layers of 14,336 with
+  112 heads, vocabulary padded to 250,880, ALiBi, tied embeddings, --checkpoint-activations,
+  DeepSpeed's bf16 optimizer: ZeRO-1's sharding, DeepSpeed's plain 1F1B) and README.md (384
+  A100 80 GB in 48 nodes, each with 4 Omni-Path links, 100 Gb/s each: 6.25 GB/s a GPU; the
+  first epoch's last iteration, 85,376: 104.70 s).
 - Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4: Llama 3 405B on H100 80 GB,
   TP 8, PP 16, 8,192 tokens, 16M tokens a batch; BF16 MFU. §3.3.2: FSDP that shards the
   optimizer state and gradients and does not reshard the weights after forward, no
@@ -35,7 +41,7 @@ import functools
 import itertools
 from dataclasses import dataclass, replace
 
-from dlcourse.memory.calculator import REAL_MODELS
+from dlcourse.memory.calculator import REAL_MODELS, ModelSpec
 from dlcourse.planner.catalog import LLAMA3_405B, megatron_gpt
 from dlcourse.planner.estimate import estimate
 from dlcourse.planner.hardware import GPUS, Cluster
@@ -96,6 +102,19 @@ def _torchtitan(name, local_batch, recompute, wps):
                         Cluster(A100, 64), layout, "tokens/s/GPU", wps)
 
 
+BLOOM = ModelSpec("BLOOM 176B", 70, 14336, 112, vocab_size=250880, seq_len=2048, ffn=4 * 14336,
+                  kv_heads=112, gated_mlp=False, bias=True, tied=True, learned_positions=False)
+OMNI_PATH_A100 = replace(A100, name="a100-80gb, 4 x 100 Gb/s Omni-Path a node",
+                         inter_bw=4 * 100e9 / 8 / 8)  # 4 links x 100 Gb/s shared by 8 GPUs
+
+
+def _bloom():
+    layout = Layout(8, 4, 12, zero_stage=1, micro_batch=2, micro_batches=128, **FULL)
+    return PublishedRun("BLOOM 176B on 384", "BigScience tr11-176B-ml (slurm, README)",
+                        Workload(BLOOM, 2048, 2048 * 2048, attention="eager"),
+                        Cluster(OMNI_PATH_A100, 384), layout, "seconds", 104.70)
+
+
 LLAMA3_MEMORY = ("without recomputation lesson 06's schedules keep p (1 + (p - 1)/(p v)) "
                  "stages' worth of 8K-token micro-batches on the first stage (16 at v = 1); "
                  "Llama 3 took a layer off the first and last stages and tuned how many "
@@ -135,6 +154,7 @@ RUNS = [
     _korthikanti(128, 20480, 105, 35, 2240, 2240, 1, 3, seconds=39.15, selective=True),
     _torchtitan("Llama-2 13B", 2, "none", wps=2162),
     _torchtitan("Llama-2 70B", 2, "full", wps=353),
+    _bloom(),
     _llama3(8192, 64, 32, mfu=0.43),
     _llama3(16384, 128, 16, mfu=0.41),
 ]
