@@ -50,32 +50,66 @@ def plan(args):
     from dlcourse.planner.rank import format_plan, plan as make_plan
 
     try:
+        values = _plan_numbers(args)
         spec, card = model(args.model), gpu(args.gpu)
-        card = card if args.price is None else card.with_price(args.price)
-        seq_len = args.seq_len or spec.seq_len
+        card = card if values["price"] is None else card.with_price(values["price"])
+        seq_len = values["seq_len"] or spec.seq_len
         tokens = _count(args.tokens_per_step)
         if tokens % seq_len:
             raise ValueError(f"--tokens-per-step {tokens:,} is not a whole number of "
-                             f"{seq_len}-token sequences")
-        cluster = Cluster(card, args.gpus, args.gpus_per_node)
-        result = make_plan(Workload(replace(spec, seq_len=max(spec.seq_len, seq_len)), seq_len,
-                                    tokens), cluster)
+                             f"{seq_len}-token sequences: pass a multiple of {seq_len}")
+        cluster = Cluster(card, values["gpus"], values["gpus_per_node"])
+        work = Workload(replace(spec, seq_len=max(spec.seq_len, seq_len)), seq_len, tokens,
+                        attention=args.attention)
+        result = make_plan(work, cluster)
     except ValueError as error:
         print(f"dlcourse plan: {error}", file=sys.stderr)
         return 2
-    print(format_plan(result, top=args.top))
+    print(format_plan(result, top=values["top"]))
     return 0 if result.ranked else 1
+
+
+# flag -> (type, smallest allowed, what to pass): `dlcourse plan`'s numbers, read as text so that
+# a bad one gets one line naming the flag (argparse would print its usage, or take "-4" for a flag)
+PLAN_NUMBERS = {
+    "gpus": (int, 1, "a whole number of GPUs >= 1, e.g. --gpus 64"),
+    "gpus_per_node": (int, 1, "a whole number >= 1, e.g. --gpus-per-node 8"),
+    "seq_len": (int, 1, "a whole number of tokens >= 1, e.g. --seq-len 4096"),
+    "top": (int, 1, "how many rows to print, a whole number >= 1, e.g. --top 8"),
+    "price": (float, 1e-9, "dollars per GPU-hour, a number > 0, e.g. --price 2.5"),
+}
+
+
+def _plan_numbers(args):
+    """{flag: value} of `dlcourse plan`'s numeric flags (None where not given), or a ValueError
+    naming the first bad one and what to pass."""
+    values = {}
+    for name, (kind, least, what) in PLAN_NUMBERS.items():
+        text = getattr(args, name)
+        flag = "--" + name.replace("_", "-")
+        if text is None:
+            values[name] = None
+            continue
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"{flag} takes {what}; got {text!r}") from None
+        if not least <= value < float("inf"):  # also refuses nan
+            raise ValueError(f"{flag} takes {what}; got {text!r}")
+        values[name] = value
+    return values
 
 
 def _count(text):
     """'4M' -> 4,194,304 tokens (K, M, G as powers of 2, the way batch sizes are quoted)."""
+    what = "a whole number of tokens >= 1, like 4M or 524288"
     scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
     try:
         value = float(text[:-1] if scale > 1 else text) * scale
     except ValueError:
-        raise ValueError(f"--tokens-per-step takes a number like 4M or 524288, got {text!r}")
-    if value < 1 or value != int(value):
-        raise ValueError(f"--tokens-per-step must be a whole number of tokens >= 1, got {text!r}")
+        raise ValueError(f"--tokens-per-step takes {what}; got {text!r}") from None
+    if not value >= 1 or value != int(value):
+        raise ValueError(f"--tokens-per-step takes {what}; got {text!r}")
     return int(value)
 
 
@@ -178,14 +212,17 @@ def _add_tour(sub):
 def _add_plan(sub):
     p = sub.add_parser("plan", help=plan.__doc__)
     p.add_argument("--model", required=True, help="e.g. llama-2-7b, gpt-2-xl, llama-3-405b")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
+    p.add_argument("--gpus", required=True, help="GPUs in the job")
     p.add_argument("--gpu", default="h100", help="a100-40gb, a100-80gb, h100, h200, l40s, "
                                                  "rtx-4090 (default h100)")
     p.add_argument("--tokens-per-step", required=True, help="global batch in tokens, e.g. 4M")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs sharing NVLink (default 8)")
-    p.add_argument("--price", type=float, help="dollars per GPU-hour (default: the GPU's)")
-    p.add_argument("--top", type=int, default=8, help="rows to print (default 8)")
+    p.add_argument("--seq-len", help="tokens per sequence (default: the model's)")
+    p.add_argument("--gpus-per-node", default="8", help="GPUs sharing NVLink (default 8)")
+    p.add_argument("--price", help="dollars per GPU-hour (default: the GPU's, see its source)")
+    p.add_argument("--top", default="8", help="rows to print (default 8)")
+    p.add_argument("--attention", choices=["fused", "eager"], default="fused",
+                   help="fused (FlashAttention/SDPA: no s x s scores stored, the default) or "
+                        "eager (the scores stored, as lesson 01 measures)")
     p.set_defaults(run=plan)
 
 
@@ -205,8 +242,25 @@ def build_parser():
 
 
 def main(argv=None):
+    argv = _glue_negative_values(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
     return args.run(args)
+
+
+def _glue_negative_values(argv):
+    """["--seq-len", "-4"] -> ["--seq-len=-4"]: argparse reads a value that starts with "-"
+    (like -4M) as a flag; glued, it reaches the subcommand, which says what is wrong with it."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if (a.startswith("--") and "=" not in a and i + 1 < len(argv)
+                and argv[i + 1][:1] == "-" and argv[i + 1][1:2].isdigit()):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(a)
+            i += 1
+    return out
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from dlcourse.checks.combining import (
     check_axis_groups,
     check_best_layout,
     check_cost_per_million_tokens,
+    check_first_stage_activation_bytes,
     check_grid_state_bytes,
     check_rank_coords,
     check_step_collectives,
@@ -302,32 +303,47 @@ def test_grid_state_bytes_refuses_model_state_bytes():
 
 # --- exercise 5: cost_per_million_tokens -----------------------------------------------------
 
-def cost(step_time_s, tokens_per_step, n_gpus, price_per_gpu_hour):
-    return n_gpus * price_per_gpu_hour * step_time_s / 3600 / tokens_per_step * 1e6
+def cost(compute_time_s, n_stages, n_micro, tokens_per_step, n_gpus, price_per_gpu_hour):
+    bubble = (n_stages - 1) / (n_micro + n_stages - 1)
+    step = compute_time_s / (1 - bubble)
+    return n_gpus * price_per_gpu_hour * step / 3600 / tokens_per_step * 1e6
 
 
-def cost_via_throughput(step_time_s, tokens_per_step, n_gpus, price_per_gpu_hour):
-    tokens_per_hour = tokens_per_step / step_time_s * 3600
+def cost_via_throughput(compute_time_s, n_stages, n_micro, tokens_per_step, n_gpus,
+                        price_per_gpu_hour):
+    step = compute_time_s * (1 + (n_stages - 1) / n_micro)  # Narayanan's (p - 1)/m of the ideal
+    tokens_per_hour = tokens_per_step / step * 3600
     return n_gpus * price_per_gpu_hour / (tokens_per_hour / 1e6)
 
 
-def cost_per_token(step_time_s, tokens_per_step, n_gpus, price_per_gpu_hour):
-    return n_gpus * price_per_gpu_hour * step_time_s / 3600 / tokens_per_step
+def cost_no_bubble(compute_time_s, n_stages, n_micro, tokens_per_step, n_gpus,
+                   price_per_gpu_hour):
+    return n_gpus * price_per_gpu_hour * compute_time_s / 3600 / tokens_per_step * 1e6
 
 
-def cost_hours_times(step_time_s, tokens_per_step, n_gpus, price_per_gpu_hour):
-    return n_gpus * price_per_gpu_hour * step_time_s * 3600 / tokens_per_step * 1e6
+def cost_bubble_of_compute(compute_time_s, n_stages, n_micro, tokens_per_step, n_gpus,
+                           price_per_gpu_hour):
+    step = compute_time_s * (1 + (n_stages - 1) / (n_micro + n_stages - 1))
+    return n_gpus * price_per_gpu_hour * step / 3600 / tokens_per_step * 1e6
 
 
-def cost_seconds_as_hours(step_time_s, tokens_per_step, n_gpus, price_per_gpu_hour):
-    return n_gpus * price_per_gpu_hour * step_time_s / tokens_per_step * 1e6
+def cost_per_token(*args):
+    return cost(*args) / 1e6
 
 
-def cost_one_gpu(step_time_s, tokens_per_step, n_gpus, price_per_gpu_hour):
-    return price_per_gpu_hour * step_time_s / 3600 / tokens_per_step * 1e6
+def cost_hours_times(*args):
+    return cost(*args) * 3600 ** 2
 
 
-def cost_from_the_planner(step_time_s, tokens_per_step, n_gpus, price_per_gpu_hour):
+def cost_seconds_as_hours(*args):
+    return cost(*args) * 3600
+
+
+def cost_one_gpu(compute_time_s, n_stages, n_micro, tokens_per_step, n_gpus, price_per_gpu_hour):
+    return cost(compute_time_s, n_stages, n_micro, tokens_per_step, 1, price_per_gpu_hour)
+
+
+def cost_from_the_planner(*args):
     estimate(None, None, None)
 
 
@@ -338,6 +354,8 @@ def test_cost_passes_correct_answers(answer, capsys):
 
 
 @pytest.mark.parametrize("answer, hint", [
+    (cost_no_bubble, "idle GPUs are paid for too"),
+    (cost_bubble_of_compute, "share of the step, not of the compute"),
     (cost_per_token, "cost of one token"),
     (cost_hours_times, "divide the seconds by 3600"),
     (cost_seconds_as_hours, "divide the seconds by 3600"),
@@ -356,25 +374,37 @@ def test_cost_refuses_the_planner():
 
 # --- exercise 6: best_layout -----------------------------------------------------------------
 
+def layout_cost(c, price, tokens):
+    return cost(c["compute_time_s"], c["n_stages"], c["n_micro"], tokens, c["n_gpus"], price)
+
+
 def best(candidates, memory_budget, price_per_gpu_hour, tokens_per_step):
     fits = [c for c in candidates if c["bytes_per_gpu"] <= memory_budget]
-    key = lambda c: cost(c["step_time_s"], tokens_per_step, c["n_gpus"], price_per_gpu_hour)
+    key = lambda c: layout_cost(c, price_per_gpu_hour, tokens_per_step)
     return min(fits, key=key)["name"] if fits else None
 
 
 def best_sorted_gpu_seconds(candidates, memory_budget, price_per_gpu_hour, tokens_per_step):
-    ranked = sorted(candidates, key=lambda c: (c["bytes_per_gpu"] > memory_budget,
-                                               c["n_gpus"] * c["step_time_s"]))
+    def gpu_seconds(c):  # the price and the tokens are the same for all: GPU-seconds decide
+        return c["n_gpus"] * c["compute_time_s"] * (c["n_micro"] + c["n_stages"] - 1) / c["n_micro"]
+    ranked = sorted(candidates, key=lambda c: (c["bytes_per_gpu"] > memory_budget, gpu_seconds(c)))
     return ranked[0]["name"] if ranked[0]["bytes_per_gpu"] <= memory_budget else None
 
 
 def best_ignores_memory(candidates, memory_budget, price_per_gpu_hour, tokens_per_step):
-    return min(candidates, key=lambda c: c["n_gpus"] * c["step_time_s"])["name"]
+    key = lambda c: layout_cost(c, price_per_gpu_hour, tokens_per_step)
+    return min(candidates, key=key)["name"]
 
 
 def best_fastest(candidates, memory_budget, price_per_gpu_hour, tokens_per_step):
     fits = [c for c in candidates if c["bytes_per_gpu"] <= memory_budget]
-    return min(fits, key=lambda c: c["step_time_s"])["name"] if fits else None
+    step = lambda c: c["compute_time_s"] * (c["n_micro"] + c["n_stages"] - 1) / c["n_micro"]
+    return min(fits, key=step)["name"] if fits else None
+
+
+def best_ignores_the_bubble(candidates, memory_budget, price_per_gpu_hour, tokens_per_step):
+    fits = [c for c in candidates if c["bytes_per_gpu"] <= memory_budget]
+    return min(fits, key=lambda c: c["n_gpus"] * c["compute_time_s"])["name"] if fits else None
 
 
 def best_strict_budget(candidates, memory_budget, price_per_gpu_hour, tokens_per_step):
@@ -396,6 +426,7 @@ def test_best_layout_passes_correct_answers(answer, capsys):
 @pytest.mark.parametrize("answer, hint", [
     (best_ignores_memory, "does not fit cannot run"),
     (best_fastest, "fastest step, not the cheapest"),
+    (best_ignores_the_bubble, "its pipeline idles"),
     (best_strict_budget, ""),
     (best_never_none, "return None"),
 ])
@@ -403,6 +434,72 @@ def test_best_layout_fails_wrong_answers(answer, hint):
     first, got_hint = first_line_and_hint(check_best_layout, answer)
     assert first.startswith("best_layout(") and "expected" in first, first
     assert hint in got_hint, got_hint
+
+
+# --- exercise 7: first_stage_activation_bytes ------------------------------------------------
+
+def first_stage_closed_form(layer_bytes, n_layers, p, m, v):
+    chunk = n_layers // (p * v) * layer_bytes
+    warmup = 2 * (p - 1) + (v - 1) * p if v > 1 else p - 1
+    return min(warmup + 1, m * v) * chunk
+
+
+def first_stage_simulated(layer_bytes, n_layers, p, m, v):
+    """Written another way: play the first rank's warm-up and steady state, count the peak."""
+    total = m * v
+    warmup = min(total, p - 1 if v == 1 else 2 * (p - 1) + (v - 1) * p)
+    held = peak = 0
+    for k in range(total):  # forward k; after the warm-up each forward is followed by a backward
+        held += 1
+        peak = max(peak, held)
+        if k >= warmup:
+            held -= 1
+    return peak * n_layers / (p * v) * layer_bytes
+
+
+def first_stage_doubled(layer_bytes, n_layers, p, m, v):  # interleaving's factor at every v
+    return p * (1 + (p - 1) / (p * v)) * n_layers / p * layer_bytes
+
+
+def first_stage_whole_chunks(layer_bytes, n_layers, p, m, v):  # a chunk counted as a stage
+    return first_stage_closed_form(layer_bytes, n_layers, p, m, v) * v
+
+
+def first_stage_no_cap(layer_bytes, n_layers, p, m, v):  # m < p forgotten
+    return first_stage_closed_form(layer_bytes, n_layers, p, max(m, p), v)
+
+
+def first_stage_interleaving_saves(layer_bytes, n_layers, p, m, v):  # 1F1B's count for all v
+    return min(m, p) * n_layers / p * layer_bytes
+
+
+def first_stage_from_lesson_06(layer_bytes, n_layers, p, m, v):
+    from dlcourse.parallel.pipeline.measure import in_flight_peak
+    from dlcourse.parallel.pipeline.schedules import interleaved_1f1b
+    return in_flight_peak(interleaved_1f1b(0, p, m, v)) * n_layers / (p * v) * layer_bytes
+
+
+@pytest.mark.parametrize("answer", [first_stage_closed_form, first_stage_simulated])
+def test_first_stage_passes_correct_answers(answer, capsys):
+    check_first_stage_activation_bytes(answer)
+    assert "first_stage_activation_bytes: passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (first_stage_doubled, "interleaving's factor (1 + (p - 1)/(p v)) at v = 1"),
+    (first_stage_whole_chunks, "1/v of a stage's layers"),
+    (first_stage_interleaving_saves, "it holds more, not less"),
+    (first_stage_no_cap, ""),
+])
+def test_first_stage_fails_wrong_answers(answer, hint):
+    first, got_hint = first_line_and_hint(check_first_stage_activation_bytes, answer)
+    assert first.startswith("first_stage_activation_bytes(") and "expected" in first, first
+    assert hint in got_hint, got_hint
+
+
+def test_first_stage_refuses_lesson_06s_count():
+    first, _ = first_line_and_hint(check_first_stage_activation_bytes, first_stage_from_lesson_06)
+    assert "which this exercise does not allow" in first, first
 
 
 # --- the references themselves ---------------------------------------------------------------
@@ -480,7 +577,7 @@ def state_bytes_copied(n_params, dp, tp, pp, zero_stage, mixed_precision):
     return _state_copy(n_params / (tp * pp), dp=dp, zero_stage=zero_stage).total
 
 
-def cost_from_another_module(step_time_s, tokens_per_step, n_gpus, price_per_gpu_hour):
+def cost_from_another_module(*args):
     from dlcourse import planner  # the package's own name for it
     return planner.estimate.estimate(None, None, None)
 

@@ -7,6 +7,8 @@ the planner's arithmetic.
     check_grid_state_bytes(grid_state_bytes)  model-state bytes per rank of a grid with ZeRO on dp
     check_cost_per_million_tokens(...)        dollars per million tokens from a step time
     check_best_layout(best_layout)            of three layouts: the cheapest one that fits
+    check_first_stage_activation_bytes(...)   the first pipeline rank's activations, 1F1B and
+                                              interleaved (`combining_pipeline.py`)
 
 The model-state bytes and the planner's two are in `combining_plan.py`, the refusals in `combining_library.py`. Every check
 draws its cases afresh on each run (`core.fresh_cases`; a failure names the seed): grids of 2 to
@@ -26,10 +28,12 @@ from collections.abc import Mapping
 from dlcourse.checks.combining_library import guard_for
 from dlcourse.checks.combining_plan import (check_best_layout, check_cost_per_million_tokens,
                                             check_grid_state_bytes)
+from dlcourse.checks.combining_pipeline import check_first_stage_activation_bytes
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
 
 __all__ = ["check_rank_coords", "check_axis_groups", "check_step_collectives",
-           "check_grid_state_bytes", "check_cost_per_million_tokens", "check_best_layout"]
+           "check_grid_state_bytes", "check_cost_per_million_tokens", "check_best_layout",
+           "check_first_stage_activation_bytes"]
 
 AXES = ("pp", "dp", "tp")
 CASES = 6

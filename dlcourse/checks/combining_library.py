@@ -2,9 +2,10 @@
 
 The answers are the lesson's own code: every public function and class of the rank grid
 (`dlcourse.parallel.grid`: `RankGrid.coords`, `axis_ranks`, `axis_groups`, ...), of the combined
-strategies (`dlcourse.parallel.combine`) and of the planner (`dlcourse.planner` and its modules:
-`estimate`, `memory_per_gpu`, `plan`, ...), found by walking the packages when a check runs so a
-function added later is refused too; lesson 01's `model_state_bytes`; and torch's
+strategies (`dlcourse.parallel.combine`), of the planner (`dlcourse.planner` and its modules:
+`estimate`, `memory_per_gpu`, `plan`, ...) and of lesson 06's schedules and their measures
+(`one_f_one_b`, `interleaved_1f1b`, `in_flight_peak`, ...), found by walking the packages when
+a check runs so a function added later is refused too; lesson 01's `model_state_bytes`; and torch's
 `init_device_mesh` and `DeviceMesh`, which lay ranks out on a grid. An answer is refused however
 it is reached (`refuse.replaced`): every name bound to it, the function itself (its code is
 swapped, so an alias or a default argument made before the check refuses too), a copy of it
@@ -19,7 +20,8 @@ import sys
 
 from dlcourse.checks.refuse import refusal, replaced
 
-PACKAGES = ("dlcourse.parallel.grid", "dlcourse.parallel.combine", "dlcourse.planner")
+PACKAGES = ("dlcourse.parallel.grid", "dlcourse.parallel.combine", "dlcourse.planner",
+            "dlcourse.parallel.pipeline.measure", "dlcourse.parallel.pipeline.schedules")
 # Single answers by the modules that bind them: (module, attribute, how a message names it).
 SINGLE = [("dlcourse.memory", "model_state_bytes", "model_state_bytes from dlcourse.memory"),
           ("torch.distributed.device_mesh", "init_device_mesh", "torch's init_device_mesh"),

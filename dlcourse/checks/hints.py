@@ -274,19 +274,27 @@ HINTS = {
         "(optimizer, gradients, parameters) by dp",
     ),
     "cost_per_million_tokens": (
-        "what does one step cost, and how many millions of tokens does it train on?",
-        "the price is per GPU and per hour: every GPU of the job is paid for, and the step "
-        "time is in seconds",
-        "multiply n_gpus by the price and by the step time in hours (seconds / 3600), then "
-        "divide by tokens_per_step / 1e6",
+        "the bubble is the idle share of the step: step x (1 - bubble) = compute",
+        "lesson 06: bubble = (p - 1)/(m + p - 1) of the step; every GPU is paid for while it "
+        "idles, and the price is per GPU and per hour while the times are in seconds",
+        "step = compute / (1 - bubble) (that is compute x (m + p - 1)/m); multiply n_gpus by "
+        "the price and by the step in hours (seconds / 3600), then divide by tokens / 1e6",
     ),
     "best_layout": (
         "a layout that does not fit in memory cannot run, however cheap it would be",
         "keep the layouts whose bytes_per_gpu are at most the budget; compare the rest by what "
-        "a million tokens cost, which counts every GPU, not by the step time",
+        "a million tokens cost, which counts every GPU and the pipeline's idle time, not by "
+        "the compute or the step time",
         "filter on bytes_per_gpu <= memory_budget, return None if nothing is left, else the "
-        "name of the layout with the least n_gpus x step_time_s (the price and the tokens are "
-        "the same for all three)",
+        "name of the layout whose cost_per_million_tokens (bubble included) is least",
+    ),
+    "first_stage_activation_bytes": (
+        "a rank holds a micro-batch's activations from its forward until its backward",
+        "1F1B: the first rank runs p - 1 warm-up forwards and one more before its first "
+        "backward, so min(m, p) micro-batches of its L/p layers; interleaving's first rank runs "
+        "2(p - 1) + (v - 1)p warm-up forwards, each through a chunk of L/(p v) layers",
+        "1F1B: min(m, p) x L/p x layer_bytes; interleaved: (2(p - 1) + (v - 1)p + 1) chunks, "
+        "at most m v, x L/(p v) x layer_bytes; or walk the schedule and count the peak",
     ),
 }
 

@@ -1,21 +1,43 @@
-"""GPUs and clusters as the planner sees them (lesson 07): memory, peak speed, links, price.
+"""GPUs and clusters as the planner sees them (lesson 07): memory, peak speed, the matmul speed
+actually sustained, memory bandwidth, links, price.
 
-Every figure is the vendor's datasheet number (dense bf16 tensor-core FLOP/s, without the
-2:4-sparsity doubling), so a planner result can be traced back to its inputs. Prices are
-illustrative on-demand cloud prices per GPU-hour for late 2024; they change often and differ by
-provider, so pass your own (`GPU.with_price`, `--price` on the command line).
+Compute. `peak_flops` is the datasheet's dense bf16 tensor-core FLOP/s (no 2:4-sparsity
+doubling). No kernel reaches it: `mamf` is the fraction a large bf16 matmul
+sustains, Bekman's "Maximum Achievable Matmul FLOPS" (MAMF, ml-engineering,
+compute/accelerator/README.md, measured with torch.matmul over a sweep of large shapes,
+CUDA 12.1): A100 SXM 267.9 of 312 TFLOPS (85.9%), H100 SXM 792.1 of 989 (80.1%). The H200 has
+the H100's compute (its MAMF there: 794.5, 80.3%). No MAMF is published there for the L40S and
+RTX 4090: they get 0.80, the lowest NVIDIA figure in that table, an assumption said as such.
+Inside a training step a matmul keeps IN_LAYER_SHARE = 0.73 of its MAMF, measured on one
+A100 layer (`calibration.py`); `matmul_efficiency` = MAMF x 0.73 (A100 0.63, H100 0.58).
+Thin matmuls sustain less again (`timing.shape_efficiency`: the roofline at `hbm_bw`).
 
-Links are the bandwidth one GPU has in one direction:
+Memory bandwidth (`hbm_bw`, bytes/s, datasheets): A100 40 GB 1,555 GB/s, A100 80 GB SXM
+2,039 GB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s, L40S 864 GB/s (GDDR6), RTX 4090 1,008 GB/s
+(GDDR6X). It times what is not a matmul: the optimizer step and the element-wise kernels.
+
+Links: the bandwidth one GPU has in one direction:
 - inside a node, NVLink: A100 600 GB/s and H100/H200 900 GB/s in total both ways, so 300 and
-  450 GB/s each way; cards without NVLink use PCIe 4.0 x16, 32 GB/s each way;
+  450 GB/s each way; the L40S has no NVLink: PCIe 4.0 x16, 32 GB/s each way. The RTX 4090 has
+  peer-to-peer disabled by its driver (NVIDIA/nccl#1127, NVIDIA/nccl-tests#269: 8 x 4090
+  all-reduces far below PCIe), so NCCL stages every message through host memory: it crosses
+  PCIe twice, and we take half of PCIe's 32 GB/s (a model, not a measurement) and 20 us to start;
 - between nodes, one InfiniBand port per GPU as in DGX systems: HDR 200 Gb/s (25 GB/s) on A100,
   NDR 400 Gb/s (50 GB/s) on H100/H200; PCIe cards are assumed to sit behind 100 Gb/s Ethernet.
 alpha, the time to start one message, is a few microseconds on these links (lesson 02's model).
+
+Prices: the cheapest on-demand list price per GPU-hour of one provider, from the
+toolshedlabs-hash/gpu-price-feed snapshot of 2026-07-23 (read from each provider's API):
+DataCrunch for the SXM cards and the L40S, RunPod for the RTX 4090. Prices change weekly and
+differ threefold between providers: pass your own (`GPU.with_price`, `--price`).
 """
 
 from dataclasses import dataclass, replace
 
 GB = 1e9
+IN_LAYER_SHARE = 0.73  # of the MAMF, kept inside a training step (`calibration.py` derives it)
+PRICE_CAVEAT = ("prices: one provider's on-demand list price on 2026-07-23 "
+                "(gpu-price-feed); yours will differ: pass --price")
 
 
 @dataclass(frozen=True)
@@ -25,29 +47,48 @@ class GPU:
     peak_flops: float  # dense bf16 tensor-core FLOP/s, from the datasheet
     intra_bw: float  # bytes/s one way to another GPU in the node
     inter_bw: float  # bytes/s one way to a GPU in another node
-    price: float  # dollars per GPU-hour (illustrative; pass your own)
-    source: str  # where the memory and peak figures come from
+    price: float  # dollars per GPU-hour (one provider, one date: PRICE_CAVEAT)
+    source: str  # where the memory, peak, bandwidth and price figures come from
+    hbm_bw: float = 2e12  # bytes/s of device memory bandwidth, from the datasheet
+    mamf: float = 0.8  # MAMF / peak: what a lone large bf16 matmul sustains (Bekman)
     intra_alpha: float = 5e-6  # seconds to start one message inside a node
     inter_alpha: float = 10e-6  # ... between nodes
+
+    @property
+    def matmul_efficiency(self):
+        """Share of peak the matmuls sustain inside a training step: MAMF x IN_LAYER_SHARE."""
+        return self.mamf * IN_LAYER_SHARE
 
     def with_price(self, price):
         return replace(self, price=price)
 
 
 GPUS = {g.name: g for g in [
-    GPU("a100-40gb", 40 * GB, 312e12, 300 * GB, 25 * GB, 1.3,
-        "NVIDIA A100 Tensor Core GPU datasheet (SXM): 312 TFLOPS bf16 dense, NVLink 600 GB/s"),
-    GPU("a100-80gb", 80 * GB, 312e12, 300 * GB, 25 * GB, 1.8,
-        "NVIDIA A100 Tensor Core GPU datasheet (SXM): 312 TFLOPS bf16 dense, NVLink 600 GB/s"),
-    GPU("h100", 80 * GB, 989e12, 450 * GB, 50 * GB, 2.5,
-        "NVIDIA H100 Tensor Core GPU datasheet (SXM): 989 TFLOPS bf16 dense, NVLink 900 GB/s"),
-    GPU("h200", 141 * GB, 989e12, 450 * GB, 50 * GB, 3.5,
-        "NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, same compute as H100"),
-    GPU("l40s", 48 * GB, 362e12, 32 * GB, 12.5 * GB, 1.0,
-        "NVIDIA L40S datasheet: 48 GB GDDR6, 362 TFLOPS bf16 dense, PCIe 4.0 x16, no NVLink"),
-    GPU("rtx-4090", 24 * GB, 165e12, 32 * GB, 12.5 * GB, 0.4,
-        "NVIDIA Ada Lovelace architecture whitepaper: RTX 4090 24 GB, 165 TFLOPS bf16 dense "
-        "(fp32 accumulate), PCIe 4.0 x16, no NVLink"),
+    GPU("a100-40gb", 40 * GB, 312e12, 300 * GB, 25 * GB, 1.29,
+        "NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16 dense, 1,555 GB/s, NVLink 600 GB/s; "
+        "MAMF 85.9% (Bekman); DataCrunch A100 SXM4 40GB", hbm_bw=1555 * GB,
+        mamf=0.859),
+    GPU("a100-80gb", 80 * GB, 312e12, 300 * GB, 25 * GB, 1.79,
+        "NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16 dense, 2,039 GB/s, NVLink 600 GB/s; "
+        "MAMF 85.9% (Bekman); DataCrunch A100 SXM4 80GB", hbm_bw=2039 * GB,
+        mamf=0.859),
+    GPU("h100", 80 * GB, 989e12, 450 * GB, 50 * GB, 3.25,
+        "NVIDIA H100 datasheet (SXM): 989 TFLOPS bf16 dense, 3.35 TB/s, NVLink 900 GB/s; "
+        "MAMF 80.1% (Bekman); DataCrunch H100 SXM5 80GB", hbm_bw=3350 * GB,
+        mamf=0.801),
+    GPU("h200", 141 * GB, 989e12, 450 * GB, 50 * GB, 4.00,
+        "NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, the H100's compute; MAMF "
+        "80.3% (Bekman); DataCrunch H200 SXM5 141GB", hbm_bw=4800 * GB,
+        mamf=0.803),
+    GPU("l40s", 48 * GB, 362e12, 32 * GB, 12.5 * GB, 1.37,
+        "NVIDIA L40S datasheet: 48 GB GDDR6 at 864 GB/s, 362 TFLOPS bf16 dense, PCIe 4.0 x16, "
+        "no NVLink; MAMF assumed 80%; DataCrunch L40S 48GB", hbm_bw=864 * GB,
+        mamf=0.80),
+    GPU("rtx-4090", 24 * GB, 165e12, 16 * GB, 12.5 * GB, 0.34,
+        "NVIDIA Ada Lovelace architecture whitepaper: RTX 4090 24 GB GDDR6X at 1,008 GB/s, "
+        "165 TFLOPS bf16 dense (fp32 accumulate), PCIe 4.0 x16, no NVLink and no peer-to-peer; "
+        "MAMF assumed 80%; RunPod", hbm_bw=1008 * GB, mamf=0.80,
+        intra_alpha=20e-6),
 ]}
 
 

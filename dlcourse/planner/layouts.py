@@ -11,16 +11,24 @@ import math
 from dataclasses import dataclass, field
 
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("fused", "eager")  # FlashAttention / SDPA's fused kernel, or the scores in memory
 
 
 @dataclass(frozen=True)
 class Workload:
-    """What to train: a `ModelSpec` (dlcourse.memory.calculator), its sequence length and the
-    global batch of one optimizer step, in tokens."""
+    """What to train: a `ModelSpec` (dlcourse.memory.calculator), its sequence length, the
+    global batch of one optimizer step, in tokens, and the attention kernel: "fused"
+    (FlashAttention, torch's SDPA: the s x s scores never stored, recomputed in backward) or
+    "eager" (softmax(QK^T) materialised and saved, as lesson 01 measures it)."""
 
     model: object  # ModelSpec
     seq_len: int
     batch_tokens: int  # tokens per optimizer step (global batch x seq_len)
+    attention: str = "fused"  # "fused" or "eager"
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
 
     @property
     def sequences(self):
@@ -38,6 +46,7 @@ class Layout:
     recompute: str = "none"  # "none", "selective" (attention scores) or "full" (whole layers)
     interleave: int = 1  # v: model chunks per pipeline rank (interleaved 1F1B); 1 = plain 1F1B
     sequence_parallel: bool = field(default=None)  # default: on whenever tp > 1
+    reshard: bool = True  # ZeRO-3: free gathered parameters after forward (FSDP's default)
 
     def __post_init__(self):
         if self.sequence_parallel is None:
@@ -54,7 +63,8 @@ class Layout:
     def describe(self):
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
         if self.zero_stage:
-            parts.append(f"zero{self.zero_stage}")
+            parts.append(f"zero{self.zero_stage}" + ("" if self.reshard or self.zero_stage < 3
+                                                     else " no-reshard"))
         if self.interleave > 1:
             parts.append(f"v{self.interleave}")
         parts.append(f"mb{self.micro_batch}x{self.micro_batches}")
@@ -84,6 +94,14 @@ def problems(layout, work, cluster):
     if layout.interleave > 1 and (layout.pp == 1 or layout.micro_batches % layout.pp):
         found.append(f"interleaving needs pp > 1 and micro-batches ({layout.micro_batches}) a "
                      f"multiple of pp ({layout.pp})")
+    if layout.zero_stage == 2 and layout.pp > 1:
+        found.append("ZeRO-2 with pipelining: its sharded gradients would be reduce-scattered "
+                     "at every micro-batch's backward; DeepSpeed refuses it (PipelineEngine: "
+                     "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'): use "
+                     "ZeRO-1")
+    if layout.recompute == "selective" and work.attention == "fused":
+        found.append("selective recomputation recomputes the attention scores, which the fused "
+                     "kernel never stores: use recompute 'none' (or attention 'eager')")
     if layout.zero_stage and layout.dp == 1:
         found.append("ZeRO shards over data-parallel ranks: it needs dp > 1")
     per_step = layout.dp * layout.micro_batch * layout.micro_batches

@@ -12,8 +12,9 @@ interleaving and one for recomputation. Fewer is simpler to run, debug and expla
 from dataclasses import dataclass, field, replace
 
 from dlcourse.planner.estimate import HEADROOM, estimate
-from dlcourse.planner.hardware import GPUS, Cluster
+from dlcourse.planner.hardware import GPUS, PRICE_CAVEAT, Cluster
 from dlcourse.planner.layouts import layouts
+from dlcourse.planner.published import RUNS, error_band
 
 NEAR_CHEAPEST = 0.10  # the recommendation may cost this much more than the cheapest, if simpler
 
@@ -100,20 +101,33 @@ def format_plan(p, top=8, out=None):
                                 f"({least.layout.describe()}) needs {least.memory / 1e9:.1f} GB a "
                                 f"GPU, more than {1 - HEADROOM:.0%} of {gpu.memory / 1e9:.0f} GB.",
                           *(f"- {a}" for a in p.advice)])
-    rows = [("layout", "GB/GPU", "step s", "tokens/s", "MFU", "$/M tok", "simplicity")]
+    rows = [("layout", "GB/GPU", "step s", "bubble", "tokens/s", "MFU", "$/M tok",
+             "simplicity")]
     for e in p.ranked[:top]:
         rows.append((e.layout.describe(), f"{e.memory / 1e9:.1f}", f"{e.step_time:.2f}",
-                     f"{e.tokens_per_s:,.0f}", f"{e.mfu:.0%}", f"{e.dollars_per_m_tokens:.3f}",
-                     str(simplicity(e.layout))))
+                     f"{e.bubble:.0%}", f"{e.tokens_per_s:,.0f}", f"{e.mfu:.0%}",
+                     f"{e.dollars_per_m_tokens:.3f}", str(simplicity(e.layout))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                        enumerate(zip(r, widths))) for r in rows]
     r = p.recommended
+    low, high = cost_band(r)
     return "\n".join([head, f"{len(p.ranked)} layouts fit; the {min(top, len(p.ranked))} "
-                            "cheapest:", *lines,
+                            "cheapest (bubble: the pipeline's idle share of the step, lesson "
+                            "06):", *lines,
                       f"Recommended (simplest within {NEAR_CHEAPEST:.0%} of the cheapest): "
                       f"{r.layout.describe()}, ${r.dollars_per_m_tokens:.3f} per million "
-                      f"tokens, {r.mfu:.0%} MFU"])
+                      f"tokens (${low:.3f} to ${high:.3f}: the planner's error on "
+                      f"{len(RUNS)} published runs), {r.mfu:.0%} MFU",
+                      f"({PRICE_CAVEAT})"])
+
+
+def cost_band(e):
+    """($ low, $ high) per million tokens of an Estimate: its cost stretched by the spread of
+    the planner's throughput errors on the published runs (a throughput predicted (1 + err)
+    times too high is a cost (1 + err) times too low)."""
+    low, high = error_band()
+    return e.dollars_per_m_tokens * (1 + low), e.dollars_per_m_tokens * (1 + high)
 
 
 def pareto(points):
@@ -124,3 +138,32 @@ def pareto(points):
         if not front or c < front[-1][1]:
             front.append((t, c, label))
     return front
+
+
+def terms(e):
+    """One line: a layout's memory and its step time split into the planner's terms."""
+    return (f"{e.layout.describe():34} {e.memory / 1e9:5.1f} GB, step {e.step_time:6.3f} s = "
+            f"compute {e.compute_time:6.3f} (bubble {e.bubble:.0%} of the step) + tp "
+            f"{e.tp_time:5.3f} + pp sends {e.pp_time:5.3f} + dp {e.dp_time:5.3f} + Adam "
+            f"{e.optimizer_time:5.3f}; ${e.dollars_per_m_tokens:.3f}/M tokens")
+
+
+RIVALS = {  # what the recommended layout is set against: the best layout of each family
+    "best with tp > 1": lambda L: L.tp > 1,
+    "best with pp > 1": lambda L: L.pp > 1,
+    "best without ZeRO": lambda L: L.zero_stage == 0,
+    "best without recompute": lambda L: L.recompute == "none",
+}
+
+
+def explain(p):
+    """Why the recommendation wins: its terms, then those of the cheapest layout of each
+    family it is not in, with how much more each costs."""
+    r = p.recommended
+    lines = [f"recommended             {terms(r)}"]
+    for label, keep in RIVALS.items():
+        rival = next((e for e in p.ranked if keep(e.layout)), None)
+        if rival is not None and rival is not r and not keep(r.layout):
+            extra = rival.dollars_per_m_tokens / r.dollars_per_m_tokens - 1
+            lines.append(f"{label:23} {terms(rival)} ({extra:+.0%})")
+    return "\n".join(lines)

@@ -7,7 +7,8 @@ import numpy as np
 
 AXIS_STYLE = {  # axis -> (colour, what runs on it)
     "tp": ("tab:red", "tp: all-reduce of activations, every layer"),
-    "dp": ("tab:blue", "dp: gradients averaged (or ZeRO shards), once a step"),
+    "dp": ("tab:blue", "dp: gradients averaged once a step (ZeRO-3: parameters gathered "
+                       "every layer, every micro-batch)"),
     "pp": ("tab:green", "pp: activations sent to the next stage"),
 }
 

@@ -1,0 +1,50 @@
+"""Where the planner's one measured constant comes from (lesson 07).
+
+A matmul alone reaches its GPU's MAMF (`hardware.py`: 85.9% of peak on the A100). Inside a
+training step it reaches less: it shares the GPU with NCCL's kernels, waits on launches and
+synchronisations, and runs at the shapes the model has, not the best ones. How much less is
+measured, not derived: Korthikanti et al. 2022, Table 4, time one transformer layer of their
+22B GPT (Table 3: h 6,144, 64 heads, tp 8, micro-batch 4, 2,048 tokens) on an A100 80 GB:
+19.6 ms forward and backward, without recomputation or sequence parallelism. Take off what
+the planner itself models for that layer (tp's four all-reduces, the element-wise kernels at
+HBM bandwidth) and what is left is the matmuls' time: their FLOPs over it is the share of
+peak they sustain in a layer, and over the A100's MAMF, the share of the MAMF
+(`IN_LAYER_SHARE` in hardware.py). Every GPU's `matmul_efficiency` is its MAMF times that
+share: the same software, a different chip. One number, measured on one layer; no training
+run the planner is checked against enters it.
+"""
+
+from dlcourse.planner.catalog import megatron_gpt
+from dlcourse.planner.hardware import GPUS, Cluster
+from dlcourse.planner.layouts import Layout, Workload
+from dlcourse.planner.timing import elementwise_bytes, tp_time
+
+LAYER_SECONDS = 19.6e-3  # Korthikanti et al. 2022, Table 4, "Baseline no recompute"
+A100_MAMF = 0.859  # Bekman, ml-engineering: 267.9 of 312 TFLOPS
+
+
+def measured_layer():
+    """(Workload, Layout, Cluster) of Korthikanti et al.'s Table 4 layer: the 22B GPT on one
+    DGX A100 node (tp 8), micro-batch 4, no sequence parallelism, eager attention."""
+    spec = megatron_gpt("GPT 22B", 64, 6144, 48)
+    work = Workload(spec, 2048, 4 * 2048, attention="eager")
+    layout = Layout(1, 8, 1, micro_batch=4, sequence_parallel=False)
+    return work, layout, Cluster(GPUS["a100-80gb"], 8)
+
+
+def in_layer_efficiency():
+    """The share of the A100's peak its matmuls sustain inside the measured layer: the
+    layer's matmul FLOPs per GPU, (72 h^2 + 12 h s) per token / tp, over the measured time
+    less the planner's tp and element-wise terms for one layer."""
+    work, layout, cluster = measured_layer()
+    h, s = work.model.hidden, work.seq_len
+    tokens = layout.micro_batch * s
+    flops = (72 * h * h + 12 * h * s) * tokens / layout.tp
+    modelled = (tp_time(work, layout, cluster) / work.model.n_layers
+                + elementwise_bytes(work, layout) / cluster.gpu.hbm_bw)
+    return flops / (LAYER_SECONDS - modelled) / cluster.gpu.peak_flops
+
+
+def in_layer_share():
+    """In-layer efficiency over the MAMF: what a training step keeps of a lone matmul."""
+    return in_layer_efficiency() / A100_MAMF

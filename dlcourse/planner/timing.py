@@ -1,0 +1,145 @@
+"""How long one layout's step takes, term by term (lesson 07's planner; `estimate.py` adds
+them up). Every term is a count of FLOPs or bytes over a rate the GPU or link has:
+
+    matmuls       hardware FLOPs / (peak x MAMF), each matmul held to the roofline (small ones
+                  are memory-bound: Williams et al. 2009)
+    element-wise  the activations' bytes written, read and their gradients written, over HBM
+                  bandwidth (these kernels do no matmul: Ivanov et al. 2021, "Data Movement Is
+                  All You Need", find them memory-bound)
+    optimizer     Adam reads and writes its fp32 state, reads the gradient and writes the bf16
+                  parameter: 28 bytes per parameter this GPU updates, over HBM bandwidth
+    tp, pp, dp    lesson 02's alpha-beta ring costs of the collectives and sends each axis needs
+"""
+
+from dlcourse.collectives.cost import predict_time
+from dlcourse.memory.accounting import activation_bytes
+from dlcourse.memory.calculator import spec_params
+
+BYTES = 2  # bf16 activations, parameters and gradients (mixed precision)
+ADAM_BYTES = 2 * 12 + 2 + 2  # read + write fp32 master, m, v; read bf16 grad; write bf16 param
+
+
+def model_flops_per_token(spec, seq_len):
+    """6Ψ + 12 L h s: forward and backward FLOPs of one token, attention scores included (the
+    PaLM convention, no causal halving)."""
+    return 6 * spec_params(spec) + 12 * spec.n_layers * spec.hidden * seq_len
+
+
+def hardware_flops_per_token(spec, seq_len, recompute, attention="eager"):
+    """The model's FLOPs plus what is computed twice: full recomputation, a whole forward (a
+    third); selective (eager), the attention's forward, QK^T and PV (4 L h s); the fused
+    kernel's backward recomputes QK^T (2 L h s; Dao 2023, FlashAttention-2, Algorithm 2)."""
+    lhs = spec.n_layers * spec.hidden * seq_len
+    extra = {"none": 0, "selective": 4 * lhs,
+             "full": model_flops_per_token(spec, seq_len) / 3}[recompute]
+    if attention == "fused" and recompute != "selective":
+        extra += 2 * lhs
+    return model_flops_per_token(spec, seq_len) + extra
+
+
+def layer_matmuls(spec, tokens, tp):
+    """(M, K, N) of one layer's weight matmuls on one tp rank, `tokens` rows: QKV, the
+    projection, the MLP's up (and gate) and down (Megatron's column / row split)."""
+    h, head = spec.hidden, spec.hidden // spec.n_heads
+    up = spec.ffn * (2 if spec.gated_mlp else 1)
+    return [(tokens, h, (h + 2 * spec.kv_heads * head) // tp), (tokens, h // tp, h),
+            (tokens, h, up // tp), (tokens, spec.ffn // tp, h)]
+
+
+def shape_efficiency(spec, tokens, tp, gpu):
+    """The share of the matmul ceiling (peak x MAMF) a layer's matmuls keep on one GPU: each
+    takes max(FLOPs / ceiling, bytes / HBM bandwidth), the roofline, with bf16 operands and
+    result (2 (MK + KN + MN) bytes). 1.0 for large matmuls; less when tp cuts them thin."""
+    ceiling = gpu.peak_flops * gpu.matmul_efficiency
+    ideal = held = 0.0
+    for M, K, N in layer_matmuls(spec, tokens, tp):
+        compute = 2 * M * K * N / ceiling
+        ideal += compute
+        held += max(compute, BYTES * (M * K + K * N + M * N) / gpu.hbm_bw)
+    return ideal / held
+
+
+def elementwise_bytes(work, L):
+    """Bytes the element-wise kernels (norms, activations, dropout, softmax, residuals) move
+    for one micro-batch through one layer on one GPU: every activation Korthikanti et al.
+    count is written in the forward, read in the backward, and its gradient written: 3 times
+    the stored bytes without recomputation (4 with full recomputation's second forward)."""
+    stored = layer_activations(work, L, recompute="none")
+    return stored * (4 if L.recompute == "full" else 3)
+
+
+def layer_activations(work, L, recompute=None):
+    """Bytes one layer saves for backward for one micro-batch on one tp rank: Korthikanti et
+    al. 2022, Table 2 (`dlcourse.memory.activation_bytes`, bf16 values, 1-byte dropout masks).
+    Eager attention stores the scores (the 5as/h term: softmax output, its dropout mask and
+    the dropout output). The fused kernel (FlashAttention, SDPA) stores none of them: only
+    the row statistics of its softmax, one fp32 logsumexp per head and query (4 a s b / t
+    bytes), beside Q, K, V and the output the table already counts."""
+    spec, recompute = work.model, recompute or L.recompute
+    s, b, a = work.seq_len, L.micro_batch, spec.n_heads
+    if work.attention == "eager" or recompute == "full":
+        return activation_bytes(s, b, spec.hidden, a, 1, L.tp, L.sequence_parallel, recompute,
+                                bytes_per_value=BYTES)
+    no_scores = activation_bytes(s, b, spec.hidden, a, 1, L.tp, L.sequence_parallel,
+                                 "selective", bytes_per_value=BYTES)
+    return no_scores + 4 * a * s * b / L.tp
+
+
+def ring_time(op, nbytes, ranks, alpha, bandwidth):
+    """Seconds of a ring `op` ("all_reduce", "all_gather", "reduce_scatter") of `nbytes` over
+    `ranks` GPUs: lesson 02's alpha-beta model (`dlcourse.collectives.predict_time`)."""
+    return 0.0 if ranks == 1 else predict_time(f"ring {op}", nbytes, ranks, alpha, 1 / bandwidth)
+
+
+def tp_time(work, L, cluster):
+    """4 all-reduces of (micro-batch x s x h) per layer and micro-batch (2 forward, 2 backward;
+    with sequence parallelism the same bytes as all-gathers + reduce-scatters), 6 with full
+    recomputation; on the critical path."""
+    count = 6 if L.recompute == "full" else 4
+    nbytes = L.micro_batch * work.seq_len * work.model.hidden * BYTES
+    alpha, bw = cluster.link(L.tp)
+    layers = work.model.n_layers / L.pp
+    return L.micro_batches * layers * count * ring_time("all_reduce", nbytes, L.tp, alpha, bw)
+
+
+def pp_time(work, L, cluster):
+    """The sends between stages that nobody waits behind, and those someone does. In 1F1B a
+    steady-state send overlaps the sender's next F or B; what the step waits for is the first
+    micro-batch's way down (rank r starts r sends after rank 0) and the last one's gradient
+    way back up: 2 (p - 1) sends on the critical path, each one micro-batch's activation
+    (1/tp of it per rank with sequence parallelism). Interleaving cuts the same p - 1 hops."""
+    if L.pp == 1:
+        return 0.0
+    nbytes = L.micro_batch * work.seq_len * work.model.hidden * BYTES
+    nbytes /= L.tp if L.sequence_parallel else 1
+    alpha, bw = cluster.link(L.tp * L.dp * L.pp)  # pipeline neighbours are tp x dp ranks apart
+    return 2 * (L.pp - 1) * (alpha + nbytes / bw)
+
+
+def dp_time(work, L, cluster, n_params):
+    """(seconds, the share of the step's compute it can hide under) of the dp / ZeRO traffic,
+    `n_params` parameters on this GPU's stage:
+    - stages 0 and 1: the gradients all-reduced once (reduce-scatter + all-gather, 2Ψ), under
+      the last micro-batch's backward;
+    - stage 2: the gradients are sharded, so each micro-batch's are reduce-scattered at its
+      backward (m times), under every backward; the updated parameters all-gathered once;
+    - stage 3: every micro-batch gathers the parameters for forward and again for backward
+      (once, if they are kept from forward to backward: `reshard=False`, FSDP's
+      reshard_after_forward) and reduce-scatters the gradients; prefetched under all compute."""
+    nbytes = n_params * BYTES
+    alpha, bw = cluster.link(L.tp * L.dp)  # dp ranks stand tp apart
+    gather, scatter = (ring_time(op, nbytes, L.dp, alpha, bw)
+                       for op in ("all_gather", "reduce_scatter"))
+    if L.zero_stage == 3:
+        gathers = 2 if L.reshard else 1
+        return L.micro_batches * (gathers * gather + scatter), 1.0
+    backward = 2 / 3  # of a micro-batch's compute (backward = 2 forwards)
+    if L.zero_stage == 2:
+        return L.micro_batches * scatter + gather, backward
+    return ring_time("all_reduce", nbytes, L.dp, alpha, bw), backward / L.micro_batches
+
+
+def optimizer_time(n_params, L, gpu):
+    """Adam's step: ADAM_BYTES per parameter this GPU updates (its 1/dp share under ZeRO)."""
+    updated = n_params / (L.dp if L.zero_stage else 1)
+    return ADAM_BYTES * updated / gpu.hbm_bw
