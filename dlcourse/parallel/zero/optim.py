@@ -24,7 +24,7 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 class ZeroAdamW:
     """AdamW over `model.shards()`. With 16-bit shards it keeps fp32 master copies (mixed
-    precision, K = 12); offload=True keeps them and Adam's state on the CPU (ZeRO-Offload)."""
+    precision, K = 12); offload=True keeps them and Adam's state on the CPU (offload.py)."""
 
     def __init__(self, model, lr=1e-3, offload=False, max_grad_norm=None,
                  optimizer_class=torch.optim.AdamW, **adamw_kwargs):
