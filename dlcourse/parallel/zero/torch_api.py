@@ -77,6 +77,21 @@ def fsdp2_held_bytes(model, optimizer):
                        optimizer=storage_bytes(local(t) for t in state))
 
 
+def fsdp2_unsharded_grad_bytes(model):
+    """Bytes of full (unsharded) gradients FSDP2 keeps between micro-batches after
+    `set_requires_gradient_sync(False)`: it skips the reduce-scatter and accumulates whole
+    gradients until a backward with sync (torch 2.13.0, `FSDPParam._unsharded_param.grad` and
+    `unsharded_accumulated_grad`; internal names, read only)."""
+    grads = []
+    for module in model.modules():
+        if hasattr(module, "_get_fsdp_state"):
+            for group in module._get_fsdp_state()._fsdp_param_groups:
+                for fsdp_param in group.fsdp_params:
+                    grads += [fsdp_param._unsharded_param.grad,
+                              fsdp_param.unsharded_accumulated_grad]
+    return storage_bytes(g for g in grads if g is not None)
+
+
 def fsdp2_full_parameters(model):
     """name -> the full parameter, gathered from the shards (call on every rank)."""
     return {n: p.full_tensor().detach().clone() if isinstance(p, DTensor) else p.detach().clone()
