@@ -161,6 +161,14 @@ def peaks(group):
         out[stage, "units"] = len(model.units) if stage else len(model.buckets)
     out["gathered"] = gathered_bytes(model)
     out["root bytes"] = model.units[model.root].padded * 4
+    # One sequence per rank: few activations, the gradients set the peak. Stage 2 with one bucket
+    # (the default cap holds all of this GPT) against PEAK_CAP_MB's 7 buckets.
+    x, y = shard_batch(synthetic_tokens(dist.get_world_size(), PEAK_CFG, seed=1), group)
+    for cap in (25.0, PEAK_CAP_MB):
+        model = zero(2, GPT(PEAK_CFG), group, bucket_cap_mb=cap)
+        optimizer = ZeroAdamW(model, lr=LR)
+        train_steps(model, optimizer, x, y, 1)
+        out["small batch", cap] = step_peak(model, optimizer, x, y)
     return out
 
 
@@ -249,6 +257,20 @@ def test_peak_adds_the_gathered_units_in_stage_3_only(ranks):
         block = m["gathered"] - m["root bytes"]  # one block
         # between the formula and one block more (gloo's threads, see above), 1% either side
         assert 0.99 * want <= peak <= 1.01 * (want + block), (ranks[0], peak, want, block)
+
+
+def test_stage_2_holds_every_gradient_at_its_peak_with_one_bucket_only(ranks):
+    # With one bucket, backward ends holding the full gradient (4Ψ bytes, fp32) and flattens it
+    # into a padded copy (>= 4Ψ) before the reduce-scatter: the peak is at least 8Ψ above the
+    # model state held before. With 7 buckets each leaves as it completes; measured, its peak is
+    # lower by more than a whole gradient (1.2 x 4Ψ at N = 4); asserted: by at least the part of
+    # the gradient a rank does not keep, 4Ψ (N-1)/N.
+    n, results = ranks
+    grads = 4 * count_params(PEAK_CFG)
+    for r in results:
+        (one, before_one), (several, _) = (r["peaks"]["small batch", cap] for cap in (25.0, PEAK_CAP_MB))
+        assert one - before_one >= 2 * grads, (n, one, before_one)
+        assert one - several >= grads * (n - 1) / n, (n, one, several)
 
 
 def test_communication_is_2_psi_or_3_psi(ranks):
