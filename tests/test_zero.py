@@ -1,6 +1,9 @@
-"""Lesson 05's proofs on real gloo ranks (N = 2, 3, 4): every ZeRO stage, and stage 3 with CPU
-offload, equals one process and lesson 03's data parallel after K AdamW steps; the bytes each
-rank holds are ZeRO's formulas; the bytes each rank sends are 2Ψ and 3Ψ.
+"""Lesson 05's proofs on real gloo ranks (N = 2, 3, 4): every ZeRO stage, and stages 2, 3 with CPU
+offload, equals one process and lesson 03's data parallel after K AdamW steps; clipping by the
+global norm of the shards equals torch's clip_grad_norm_ in one process, and SGD on the shards
+equals one process's SGD; the bytes each rank holds are ZeRO's formulas; the bytes each rank
+sends are 2Ψ and 3Ψ; the peak of a step is the model state held plus one process's working
+memory (plus stage 3's gathered units), and stage 2 needs several buckets to lower it.
 
 Ψ = 5,642 for the GPT below: N = 3 and 4 do not divide it (nor its blocks, 2,534 each), so every
 shard is padded. One launch per N checks everything (launches cost seconds each).
