@@ -271,7 +271,8 @@ def test_stage_2_holds_every_gradient_at_its_peak_with_one_bucket_only(ranks):
     n, results = ranks
     grads = 4 * count_params(PEAK_CFG)
     for r in results:
-        (one, before_one), (several, _) = (r["peaks"]["small batch", cap] for cap in (25.0, PEAK_CAP_MB))
+        peaks = r["peaks"]
+        (one, before_one), (several, _) = (peaks["small batch", cap] for cap in (25.0, PEAK_CAP_MB))
         assert one - before_one >= 2 * grads, (n, one, before_one)
         assert one - several >= grads * (n - 1) / n, (n, one, several)
 
