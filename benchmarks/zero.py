@@ -4,8 +4,9 @@ One job of 4 gloo ranks trains the same course GPT with lesson 03's DataParallel
 1, 2, 3 (dlcourse.parallel.zero) and FSDP2 (`fully_shard` per Block), side by side: all built
 first, then rounds in rotating order, every one taking `--steps` AdamW steps per round (the first
 round a warm-up). Prints each stage's median step time over DP's, stage 3's over FSDP2's, and
-the peak bytes held during a step by the rank that needs most (every allocation counted,
-`zero.measure.step_peak`, median of 3 steps).
+the peak bytes held during a step by the rank that needs most, for every variant (every
+allocation counted, `zero.measure.step_peak`, median of 3 steps; DP and stages 1, 2 with 1 MB
+buckets, so that stage 2 sends its gradients in several pieces during backward).
 Targets (issue 18): stage 3 at most 1.1x FSDP2's step time, and peak bytes at most FSDP2's.
 
     python benchmarks/zero.py [--rounds 10] [--steps 1]
@@ -33,6 +34,7 @@ from dlcourse.parallel.zero.torch_api import fsdp2, fsdp2_held_bytes
 WORLD_SIZE = 4
 CONFIG = GPTConfig(vocab_size=256, seq_len=64, n_layers=4, n_heads=4, hidden=128)
 GLOBAL_BATCH = 16
+BUCKET_CAP_MB = 1.0  # DP and stages 1, 2: 4 buckets of this 3.4 MB model (25 MB would make one)
 TIME_TARGET = 1.1  # stage 3 / FSDP2, at most
 NAMES = ["DP", "stage 1", "stage 2", "stage 3", "FSDP2"]
 
@@ -40,11 +42,12 @@ NAMES = ["DP", "stage 1", "stage 2", "stage 3", "FSDP2"]
 def build(name, group):
     model = GPT(CONFIG, seed=0)
     if name == "DP":
-        model = wrap("overlapped", model, group)
+        model = wrap("overlapped", model, group, bucket_cap_mb=BUCKET_CAP_MB)
         return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
     if name == "FSDP2":
         return fsdp2(model, group, lr=1e-3)
-    model = zero(int(name[-1]), model, group)
+    stage = int(name[-1])
+    model = zero(stage, model, group, **({"bucket_cap_mb": BUCKET_CAP_MB} if stage < 3 else {}))
     return model, ZeroAdamW(model, lr=1e-3)
 
 
@@ -66,7 +69,7 @@ def benchmark_job(rounds, steps):
                 step(*built[name], x, y)
                 if r:  # round 0 warms up
                     times[name].append(time.perf_counter() - start)
-    peaks = {name: peak_of(name, *built[name], x, y) for name in ("stage 3", "FSDP2")}
+    peaks = {name: peak_of(name, *built[name], x, y) for name in NAMES}
     return {name: statistics.median(t) for name, t in times.items()}, peaks
 
 
@@ -78,9 +81,10 @@ def peak_of(name, model, optimizer, x, y, steps=3):
 
 
 def table(seconds, peaks):
-    lines = [f"{'variant':<8} {'ms/step':>8} {'/ DP':>6}", "-" * 24]
+    lines = [f"{'variant':<8} {'ms/step':>8} {'/ DP':>6} {'peak bytes':>12}", "-" * 37]
     for name in NAMES:
-        lines.append(f"{name:<8} {1000 * seconds[name]:8.1f} {seconds[name] / seconds['DP']:6.2f}")
+        lines.append(f"{name:<8} {1000 * seconds[name]:8.1f} {seconds[name] / seconds['DP']:6.2f} "
+                     f"{peaks[name]:12,.0f}")
     ratio = seconds["stage 3"] / seconds["FSDP2"]
     lines.append(f"\nstage 3 / FSDP2 step time = {ratio:.2f}: "
                  + ("meets" if ratio <= TIME_TARGET else "MISSES") + f" the target of {TIME_TARGET}")

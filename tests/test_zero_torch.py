@@ -1,7 +1,8 @@
 """Lesson 05's torch API, proven equal to the from-scratch stages on 3 gloo ranks (N = 3 does
 not divide Ψ = 5,642): ZeroRedundancyOptimizer = stage 1; FSDP2's fully_shard = stage 3
-(reshard_after_forward=False too, and with CPUOffloadPolicy); FSDP2's bytes per rank and its
-all-gathers and reduce-scatters counted beside the formulas.
+(torch's default, the root resharded too, reshard_after_forward=False, CPUOffloadPolicy); FSDP2's
+bytes per rank and its all-gathers and reduce-scatters counted beside the formulas; the bytes
+ZeroRedundancyOptimizer moves (DDP's all-reduce plus the owners' broadcasts).
 
 Tolerances: float64 as in test_zero.py (1e-10; measured ~5e-15). Mixed precision (bf16) is
 proven in test_zero_bf16.py at N = 2, bit for bit: FSDP2 divides bf16 gradients by 3 before its
@@ -39,7 +40,8 @@ CFG = GPTConfig(vocab_size=31, seq_len=8, n_layers=2, n_heads=2, hidden=14)  # �
 PSI = count_params(CFG)
 N, STEPS, LR = 3, 3, 1e-2
 EXACT = 1e-10
-FSDP2_RUNS = {"fsdp2": {}, "fsdp2, no reshard": {"reshard_after_forward": False},
+FSDP2_RUNS = {"fsdp2": {}, "fsdp2, root resharded": {"reshard_after_forward": True},
+              "fsdp2, no reshard": {"reshard_after_forward": False},
               "fsdp2 + CPUOffloadPolicy": {"offload": True}}
 
 
@@ -64,7 +66,8 @@ def job():
         model, optimizer = trained(zero_stage(stage), x, y)
         out[stage] = model.full_parameters()
     model, optimizer = trained(lambda m: zero_redundancy(m, group, lr=LR), x, y)
-    out["zero_redundancy"] = dict(unwrap(model).named_parameters())
+    out["zero_redundancy"] = {n: p.detach().clone() for n, p in unwrap(model).named_parameters()}
+    out["zero_redundancy", "comm"] = count_step(model, optimizer, x, y).by_op()
     for name, options in FSDP2_RUNS.items():
         model, optimizer = trained(lambda m, o=options: fsdp2(m, group, lr=LR, **o), x, y)
         out[name] = fsdp2_full_parameters(model)
@@ -72,6 +75,8 @@ def job():
         out[name, "comm"] = count_step(model, optimizer, x, y).by_op()
         out[name, "shapes"] = {n: p.shape for n, p in model.named_parameters()}
     out["stage 3 fp32 held"] = held_bytes(*trained(zero_stage(3), x, y, torch.float32))
+    model, optimizer = trained(zero_stage(3), x, y)
+    out["stage 3", "comm"] = count_step(model, optimizer, x, y).by_op()
     return out
 
 
@@ -123,14 +128,46 @@ def test_fsdp2_bytes_per_rank_are_stage_3s_with_padding_per_parameter(results):
 
 
 def test_fsdp2_communication_is_3_psi(results):
+    # Blocks: gathered for forward and again for backward unless reshard_after_forward=False.
+    # The root: torch's default (None) keeps it gathered into backward (once), True gathers it
+    # twice (the full 3Ψ). Each gather and the reduce-scatter move (N-1)/N of the padded unit.
     for r in results:
+        shapes = r["fsdp2", "shapes"]
+        block = fsdp2_padded_numel({n: s for n, s in shapes.items() if n.startswith("blocks.")})
+        root = fsdp2_padded_numel({n: s for n, s in shapes.items() if not n.startswith("blocks.")})
+        # (per rank: a unit holds N times these values)
         for name, options in FSDP2_RUNS.items():
-            ops = r[name, "comm"]
-            units = CFG.n_layers + 1
-            gathers = units * (1 if options.get("reshard_after_forward") is False else 2)
-            assert ops["all_gather"][0] == gathers and ops["reduce_scatter"][0] == units
-            padded = fsdp2_padded_numel(r[name, "shapes"]) * N  # Ψ plus FSDP2's padding
+            ops, reshard = r[name, "comm"], options.get("reshard_after_forward")
+            block_gathers = 1 if reshard is False else 2
+            root_gathers = 2 if reshard is True else 1
+            assert ops["all_gather"][0] == CFG.n_layers * block_gathers + root_gathers, name
+            assert ops["reduce_scatter"][0] == CFG.n_layers + 1, name
             bus = sum(b for _, _, b in ops.values())
-            passes = 2 if options.get("reshard_after_forward") is False else 3
-            assert bus == pytest.approx(passes * padded * 8 * (N - 1) / N)
-            assert bus == pytest.approx(comm_formula(passes, PSI, N, 8) * padded / PSI)
+            values = (block_gathers + 1) * block + (root_gathers + 1) * root
+            assert bus == pytest.approx(values * N * 8 * (N - 1) / N), name  # N shards a unit
+        padded = (block + root) * N  # Ψ plus FSDP2's padding
+        bus = sum(b for _, _, b in r["fsdp2, root resharded", "comm"].values())
+        assert bus == pytest.approx(comm_formula(3, PSI, N, 8) * padded / PSI)
+
+
+def test_fsdp2_default_gathers_the_root_once_as_our_stage_3(results):
+    for r in results:
+        calls = {op: c for op, (c, _, _) in r["fsdp2", "comm"].items()}
+        ours = {op: c for op, (c, _, _) in r["stage 3", "comm"].items()}
+        assert calls == ours == {"all_gather": 2 * CFG.n_layers + 1,
+                                 "reduce_scatter": CFG.n_layers + 1}
+
+
+def test_zero_redundancy_optimizer_moves_3_psi_not_2(results):
+    # DDP all-reduces the whole gradient (2Ψ (N-1)/N per rank on the ring), then every owner
+    # broadcasts its updated parameters: Ψ values broadcast in all, each counted once
+    # (broadcast's bus factor is 1). ZeRO's stage 1 moves 2Ψ (N-1)/N: reduce-scatter + all-gather.
+    # DDP also broadcasts the module's buffers from rank 0 before each forward (broadcast_buffers
+    # =True): the causal masks, (T, T) bools, coalesced into one call.
+    buffers = list(GPT(CFG).buffers())
+    for r in results:
+        ops = r["zero_redundancy", "comm"]
+        assert set(ops) == {"all_reduce", "broadcast"}, ops
+        assert ops["all_reduce"][2] == pytest.approx(2 * PSI * 8 * (N - 1) / N)
+        assert ops["broadcast"][1] == PSI * 8 + sum(b.nbytes for b in buffers)  # Ψ, + buffers
+        assert ops["broadcast"][0] == len(r["fsdp2", "shapes"]) + 1  # one per parameter, + 1

@@ -7,7 +7,8 @@ at a time; every rank keeps 1/N of each partitioned part.
     stage2.py   ZeroStage2: gradients too, reduce-scattered from hooks during backward
     stage3.py   ZeroStage3: parameters too, gathered unit by unit, freed, prefetched
     optim.py    ZeroAdamW: the optimizer of every stage (mixed precision: fp32 master shard)
-    offload.py  ZeRO-Offload: master weights, Adam state and the update on the CPU
+    offload.py  the optimizer on the CPU (ZeRO-Offload on stage 2; stage 3: ZeRO-Infinity's)
+    clip.py     gradient clipping by the global norm of the shards (one scalar all-reduce)
     measure.py  bytes held per rank, peak and communication, beside ZeRO's formulas
     torch_api.py  ZeroRedundancyOptimizer and FSDP2 (fully_shard) the same way
 

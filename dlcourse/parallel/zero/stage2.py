@@ -6,8 +6,11 @@
 Lesson 03's hooks, with a reduce-scatter instead of an all-reduce: each parameter's
 `register_post_accumulate_grad_hook` fires when its gradient is final; once every gradient of a
 unit (a bucket) is in, the unit is flattened, reduce-scattered asynchronously while backward goes
-on, and the full gradients are dropped. A rank keeps only the averaged s values of its own shard:
-2Ψ/N bytes of gradients instead of 2Ψ. `GradientReducer` is shared with stage 3.
+on, and the full gradients are dropped. A rank keeps the averaged s values of its own shard
+(2Ψ/N bytes of gradients between steps instead of 2Ψ) and, during backward, the full gradients of
+the buckets not yet sent. With one bucket (the default 25 MB cap holds all of a small model) that
+is every gradient until backward ends, as in stage 1: the saving during backward needs several
+buckets (lesson 05 measures the peak both ways). `GradientReducer` is shared with stage 3.
 """
 
 import time

@@ -1,7 +1,8 @@
 """ZeRO the torch way, beside the from-scratch stages (lesson 05: `lessons/05_zero.ipynb`).
 
     model, optimizer = zero_redundancy(GPT(config), group, lr=1e-3)    # stage 1
-    model, optimizer = fsdp2(GPT(config), group, lr=1e-3)              # stage 3
+    model, optimizer = fsdp2(GPT(config), group, lr=1e-3)              # stage 3, torch's default
+    model, optimizer = fsdp2(..., reshard_after_forward=True)          # the root resharded too
     model, optimizer = fsdp2(..., reshard_after_forward=False)         # ~ stage 2
     model, optimizer = fsdp2(..., mixed_precision=torch.bfloat16, offload=True)
 
@@ -9,7 +10,10 @@
 DDP; it hands out whole parameters, greedily, so the ranks hold uneven state (`state_bytes`).
 FSDP2's `fully_shard` turns each parameter into a DTensor sharded on dim 0 over a device mesh;
 applied to each Block, then to the root, every Block becomes a unit gathered around its forward
-and backward, as in `ZeroStage3`. Both return (model, optimizer) for the same training loop.
+and backward, as in `ZeroStage3`. `reshard_after_forward=None` is torch's default (2.13.0,
+`_fully_shard.py` and `FSDPState._lazy_init`): True for every Block, False for the root, which
+backward needs at once, so the root is gathered once per step, as `ZeroStage3` does. Both
+return (model, optimizer) for the same training loop.
 """
 
 import torch
@@ -33,10 +37,14 @@ def zero_redundancy(model, group, lr=1e-3, **adamw_kwargs):
     return ddp, optimizer
 
 
-def fsdp2(model, group, lr=1e-3, reshard_after_forward=True, mixed_precision=None,
+def fsdp2(model, group, lr=1e-3, reshard_after_forward=None, mixed_precision=None,
           offload=False, unit_types=(Block,), **adamw_kwargs):
     """FSDP2 over `group`: `fully_shard` on every unit (a Block), then on the whole model.
 
+    reshard_after_forward: passed to every `fully_shard`. None (torch's default) frees the
+    Blocks after forward and keeps the root gathered into backward: 3Ψ - Ψ_root per step. True
+    frees the root too and gathers it again for backward: the full 3Ψ. False keeps every unit
+    gathered from forward to backward: 2Ψ.
     mixed_precision: a dtype (torch.bfloat16) for the gathered parameters and the gradient
     reduce-scatter; the sharded parameters and AdamW stay fp32 (torch's MixedPrecisionPolicy).
     offload: sharded parameters, gradients and AdamW on the CPU (CPUOffloadPolicy). Pinned
@@ -51,7 +59,7 @@ def fsdp2(model, group, lr=1e-3, reshard_after_forward=True, mixed_precision=Non
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for module in [m for m in model.modules() if isinstance(m, unit_types)]:
         fully_shard(module, **options)
-    fully_shard(model, **options)  # the root: embeddings and final norm, gathered all step
+    fully_shard(model, **options)  # the root: embeddings and final norm
     return model, torch.optim.AdamW(model.parameters(), lr=lr, **adamw_kwargs)
 
 
@@ -67,6 +75,21 @@ def fsdp2_held_bytes(model, optimizer):
     return MemoryParts(params=storage_bytes(local(p) for p in params),
                        grads=storage_bytes(local(p.grad) for p in params if p.grad is not None),
                        optimizer=storage_bytes(local(t) for t in state))
+
+
+def fsdp2_unsharded_grad_bytes(model):
+    """Bytes of full (unsharded) gradients FSDP2 keeps between micro-batches after
+    `set_requires_gradient_sync(False)`: it skips the reduce-scatter and accumulates whole
+    gradients until a backward with sync (torch 2.13.0, `FSDPParam._unsharded_param.grad` and
+    `unsharded_accumulated_grad`; internal names, read only)."""
+    grads = []
+    for module in model.modules():
+        if hasattr(module, "_get_fsdp_state"):
+            for group in module._get_fsdp_state()._fsdp_param_groups:
+                for fsdp_param in group.fsdp_params:
+                    grads += [fsdp_param._unsharded_param.grad,
+                              fsdp_param.unsharded_accumulated_grad]
+    return storage_bytes(g for g in grads if g is not None)
 
 
 def fsdp2_full_parameters(model):
