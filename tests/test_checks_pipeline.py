@@ -45,8 +45,19 @@ def boundaries_rest_on_the_last(n_layers, n_stages):
     return [base * s for s in range(n_stages)] + [n_layers]
 
 
-def boundaries_spread(n_layers, n_stages):  # balanced, but the extra blocks not first
+def boundaries_middle_first(n_layers, n_stages):  # Llama 3: the ends lighter, extras inside
+    base, extra = divmod(n_layers, n_stages)
+    order = list(range(1, n_stages - 1)) + [0]  # middle stages, then the first; never the last
+    sizes = [base + (s in order[:extra]) for s in range(n_stages)]
+    return [0, *itertools.accumulate(sizes)]
+
+
+def boundaries_spread(n_layers, n_stages):  # balanced, but the last stage gets an extra block
     return [s * n_layers // n_stages for s in range(n_stages + 1)]
+
+
+def boundaries_extra_last(n_layers, n_stages):  # balanced, the extra blocks on the last stages
+    return [n_layers - b for b in boundaries(n_layers, n_stages)][::-1]
 
 
 def boundaries_for_four_stages(n_layers, n_stages):
@@ -59,7 +70,7 @@ def sizes_not_boundaries(n_layers, n_stages):
     return [base + (s < extra) for s in range(n_stages)]
 
 
-@pytest.mark.parametrize("answer", [boundaries, boundaries_dealt])
+@pytest.mark.parametrize("answer", [boundaries, boundaries_dealt, boundaries_middle_first])
 def test_stage_boundaries_pass(answer, capsys):
     check_stage_boundaries(answer)
     assert "stage_boundaries: passed" in capsys.readouterr().out
@@ -67,7 +78,8 @@ def test_stage_boundaries_pass(answer, capsys):
 
 @pytest.mark.parametrize("answer, says, hint", [
     (boundaries_rest_on_the_last, "stage_boundaries(n_layers=", "n_layers % n_stages"),
-    (boundaries_spread, "stage_boundaries(n_layers=", "first n_layers % n_stages stages"),
+    (boundaries_spread, "stage_boundaries(n_layers=", "output layer and the loss"),
+    (boundaries_extra_last, "stage_boundaries(n_layers=", "output layer and the loss"),
     (boundaries_for_four_stages, "stage_boundaries(n_layers=", "boundaries"),
     (sizes_not_boundaries, "stage_boundaries(n_layers=", "running sums"),
 ])

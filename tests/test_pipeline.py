@@ -22,13 +22,13 @@ from torch.distributed.pipelining import Schedule1F1B
 import dlcourse
 from dlcourse.collectives import CommCounter
 from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
-from dlcourse.parallel.pipeline import (SCHEDULES, cut_stages, gather_params, split_micro_batches,
-                                        train_step)
+from dlcourse.parallel.pipeline import (SCHEDULES, Stage, cut_stages, gather_params,
+                                        split_micro_batches, train_step)
 from dlcourse.parallel.pipeline.executor import run_schedule
 from dlcourse.parallel.pipeline.measure import (in_flight_peak, micro_batch_activation_bytes,
                                                 peak_activation_bytes)
 from dlcourse.parallel.pipeline.p2p import activation_bytes_sent
-from dlcourse.parallel.pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b
+from dlcourse.parallel.pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zb_h1
 from dlcourse.parallel.pipeline.torch_api import torch_schedule, torch_train_step, traced_stage
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, n_layers=8, n_heads=2, hidden=16)  # tied, 8 blocks
@@ -39,8 +39,9 @@ OURS = [  # (schedule, p, m, v): m below, at and above p
     ("naive", 4, 1, 1), ("GPipe", 4, 4, 1), ("1F1B", 4, 2, 1), ("1F1B", 4, 8, 1),
     ("interleaved 1F1B", 4, 4, 2), ("ZB-H1", 4, 8, 1),
     ("GPipe", 2, 8, 1), ("1F1B", 2, 4, 1), ("interleaved 1F1B", 2, 2, 4), ("ZB-H1", 2, 4, 1)]
-THEIRS = [("GPipe", 4), ("1F1B", 4), ("1F1B", 8), ("interleaved 1F1B", 8),
-          ("interleaved zero bubble", 4)]  # (torch schedule, m), v = 2 for the interleaved
+THEIRS = [("GPipe", 4), ("GPipe", 2), ("1F1B", 4), ("1F1B", 8), ("interleaved 1F1B", 8),
+          ("interleaved 1F1B", 2), ("interleaved zero bubble", 4), ("ZBV", 4)]
+# (torch schedule, m), v = 2 for all but GPipe and 1F1B; m = 2 < p: only 1F1B refuses it
 
 
 def pipeline_group(p):
@@ -75,6 +76,9 @@ def peak_and_sent(name, m, v, data):
     micro = split_micro_batches(*data, m)
     actions = SCHEDULES[name](dist.get_rank(), 4, m, *((v,) if v > 1 else ()))
     one = {s.index: micro_batch_activation_bytes(s, *micro[0], m) for s in stages}
+    if name == "ZB-H1":  # and what B leaves for W
+        one = one, {s.index: micro_batch_activation_bytes(s, *micro[0], m, after_b=True)
+                    for s in stages}
     with CommCounter() as comm:
         _, peak = peak_activation_bytes(stages, micro, lambda: run_schedule(stages, actions, micro))
     sent = sum(r.nbytes for r in comm.records if r.op == "send")
@@ -95,8 +99,8 @@ def recording(stage, log):
 
 
 def train_theirs(name, m, data):
-    v = 2 if name.startswith("interleaved") else 1
-    stages = cut_stages(GPT(CFG, seed=0).double(), None, v)
+    v = 1 if name in ("GPipe", "1F1B") else 2
+    stages = cut_stages(GPT(CFG, seed=0).double(), None, v, style="v" if name == "ZBV" else "loop")
     optimizer, schedule, order = sgd(stages), torch_schedule(name, stages, m), []
     for stage in getattr(schedule, "_stages", None) or [schedule._stage]:
         recording(stage, order)
@@ -178,9 +182,16 @@ def test_peak_activations_are_micro_batches_in_flight(ranks):
     for r in range(4):
         memory = ranks[r][1]
         for case, in_flight in [(("GPipe", 8, 1), 8), (("1F1B", 8, 1), 4 - r),
-                                (("1F1B", 2, 1), min(2, 4 - r)), (("ZB-H1", 8, 1), 4)]:
+                                (("1F1B", 2, 1), min(2, 4 - r))]:
             peak, one_micro_batch, _ = memory[case]
             assert peak == in_flight * one_micro_batch[r], (case, r)
+        peak, (one, kept), _ = memory["ZB-H1", 8, 1]  # B frees all but what W needs (M_W)
+        assert peak == in_flight_peak(zb_h1(r, 4, 8), one, kept), r
+        assert 0 <= kept[r] <= one[r]
+        if 0 < r < 3:  # torch's B keeps a middle stage's whole graph until W
+            assert kept[r] == one[r]
+        if r == 3:  # and frees only what lies above the last weight: the loss's
+            assert 0 < one[r] - kept[r] < one[r] // 10
         peak, one, _ = memory["interleaved 1F1B", 4, 2]  # two stages: count each one's bytes
         assert peak == in_flight_peak(interleaved_1f1b(r, 4, 4, 2), one)
 
@@ -195,6 +206,8 @@ def test_bytes_sent_per_step_are_the_formula(ranks):
 def test_torch_runs_the_same_actions_in_the_same_order(ranks):
     ours = {"GPipe": gpipe, "1F1B": one_f_one_b, "interleaved 1F1B": interleaved_1f1b}
     for name, m in [k for k in THEIRS if k[0] in ours]:
+        if name.startswith("interleaved") and m % 4:
+            continue  # ours sends micro-batches in groups of p: m = 2 is torch's only
         for r in range(4):
             args = (r, 4, m) + ((2,) if name.startswith("interleaved") else ())
             assert ranks[r][2][name, m][0] == [str(a) for a in ours[name](*args)], (name, m, r)
@@ -203,6 +216,14 @@ def test_torch_runs_the_same_actions_in_the_same_order(ranks):
 @pytest.mark.parametrize("case", THEIRS, ids=[f"{n} m{m}" for n, m in THEIRS])
 def test_torch_pipelining_equals_one_process(ranks, case):
     assert max_diff(ranks[0][2][case][1], reference()[1]) <= TOL
+
+
+def test_torch_refuses_fewer_micro_batches_than_stages_in_1f1b_only():
+    """torch 2.13: Schedule1F1B (and ScheduleDualPipeV) raise on m < stages; the others run
+    (test_torch_pipelining_equals_one_process runs GPipe and interleaved 1F1B at m = 2 < 4)."""
+    stages = [Stage(GPT(CFG, seed=0), 0, 4)]
+    with pytest.raises(ValueError, match="refuses fewer micro-batches than stages"):
+        torch_schedule("1F1B", stages, 2)
 
 
 def test_traced_pipeline_equals_one_process(ranks):

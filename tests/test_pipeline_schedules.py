@@ -6,8 +6,10 @@ import pytest
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 from dlcourse.parallel.pipeline import SCHEDULES, gpipe, interleaved_1f1b, one_f_one_b, zb_h1
-from dlcourse.parallel.pipeline.measure import (bubble_formula, bubble_fraction, in_flight_peak,
-                                                simulate)
+from dlcourse.parallel.pipeline.measure import (UNIT_TIMES, bubble_formula, bubble_fraction,
+                                                bubble_time, bubble_time_formula,
+                                                first_rank_peak_formula, in_flight_peak, simulate,
+                                                stage_times_of)
 from dlcourse.parallel.pipeline.stages import stage_boundaries
 
 SIZES = [(2, 2), (2, 5), (4, 4), (4, 8), (4, 13), (8, 16)]  # (p, m), m < p tried separately
@@ -79,6 +81,71 @@ def test_simulated_bubble_is_the_formula(p, m):
             continue  # Qi et al.'s (p-1)(F+B-W) needs m >= p: fewer W's cannot fill the cool-down
         expected = bubble_formula(name, p, mm, v)
         assert bubble_fraction(simulate(acts)) == pytest.approx(expected), name
+
+
+def busy_per_rank(spans):
+    busy = {}
+    for s in spans:
+        busy[s.rank] = busy.get(s.rank, 0) + s.duration
+    return busy
+
+
+@pytest.mark.parametrize("p, m", [(2, 2), (2, 6), (4, 4), (4, 8), (4, 12), (8, 16)])
+@pytest.mark.parametrize("v", [2, 3])
+def test_interleaved_chunks_take_one_vth_of_a_stage(p, m, v):
+    """Narayanan et al. 2021 §2.2.2: a chunk is 1/v of a stage, so a rank's work over the step
+    is 1F1B's (m (F + B)), and the idle time, not only its share, is 1F1B's divided by v."""
+    inter = simulate({r: interleaved_1f1b(r, p, m, v) for r in range(p)})
+    one = simulate({r: one_f_one_b(r, p, m) for r in range(p)})
+    work = m * (UNIT_TIMES["F"] + UNIT_TIMES["B"])
+    assert busy_per_rank(inter) == pytest.approx(dict.fromkeys(range(p), work))
+    assert busy_per_rank(one) == pytest.approx(dict.fromkeys(range(p), work))
+    assert bubble_time(inter) == pytest.approx((p - 1) * 3 / v)  # (p-1)(F+B)/v, F = 1, B = 2
+    assert bubble_time(inter) == pytest.approx(bubble_time_formula("interleaved 1F1B", p, v))
+    assert bubble_time(one) == pytest.approx(bubble_time_formula("1F1B", p))
+    assert bubble_time(inter) * v == pytest.approx(bubble_time(one))
+    assert max(s.end for s in inter) < max(s.end for s in one)  # a shorter step, same work
+
+
+@pytest.mark.parametrize("p, m", SIZES)
+def test_bubble_time_follows_the_formulas(p, m):
+    for name in ("GPipe", "1F1B", "ZB-H1"):
+        if name == "ZB-H1" and m < p:
+            continue
+        spans = simulate({r: SCHEDULES[name](r, p, m) for r in range(p)})
+        assert bubble_time(spans) == pytest.approx(bubble_time_formula(name, p)), name
+
+
+def test_measured_stage_times_replace_the_units():
+    """A last stage that takes twice as long (its head and loss) stretches the step: given each
+    stage's own F and B, simulate predicts the imbalanced bubble; stage_times_of reads them back."""
+    p, m = 2, 4
+    acts = {r: one_f_one_b(r, p, m) for r in range(p)}
+    times = {0: {"F": 1.0, "B": 2.0}, 1: {"F": 2.0, "B": 4.0}}
+    spans = simulate(acts, stage_times=times)
+    assert stage_times_of(spans) == times
+    # the slow stage is busy m (F + B) = 24 and sets the pace; stage 0 waits for it
+    step = max(s.end for s in spans)
+    assert step == pytest.approx(1 + m * 6 + 2)  # 1 (stage 0 F0) + m x 6 + 2 (its B3)
+    assert bubble_fraction(spans) > bubble_formula("1F1B", p, m)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("v", [2, 3, 4])
+def test_interleaved_first_rank_peak_is_korthikantis_factor(p, v):
+    """Rank 0 of interleaved 1F1B holds 2(p-1) + (v-1)p + 1 chunks of 1/v of a stage at its
+    peak: p (1 + (p-1)/(p v)) stages' worth (Korthikanti et al. 2022) once m >= 2p; at m = p
+    every forward runs before the first backward: p stages' worth."""
+    for m in (p, 2 * p, 3 * p, 5 * p):
+        chunks = in_flight_peak(interleaved_1f1b(0, p, m, v))
+        assert chunks / v == pytest.approx(first_rank_peak_formula("interleaved 1F1B", p, m, v))
+        if m >= 2 * p:
+            assert chunks / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+        else:
+            assert chunks / v == p
+    for m in (2, p, 2 * p):  # the other schedules' rank 0
+        for name in ("GPipe", "1F1B", "ZB-H1"):
+            assert in_flight_peak(SCHEDULES[name](0, p, m)) == first_rank_peak_formula(name, p, m)
 
 
 @pytest.mark.parametrize("p, m", SIZES)

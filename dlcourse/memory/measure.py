@@ -115,14 +115,20 @@ class SavedTensorLog:
         new = key not in self._live or not self._live[key][2]
         if new:
             self._live[key] = [kind, storage.nbytes(), 0]
-        self._live[key][2] += 1
-        weakref.finalize(tensor, self._release, key)  # runs when backward drops the tensor
+        # Held while the caller's tensor or autograd's copy lives. Autograd keeps a detached
+        # alias (same storage and version counter): a tensor saved by its own grad_fn (softmax's
+        # output) would otherwise hold that node and the node the tensor, a cycle that outlives
+        # a graph backward never walks (lesson 06's zero-bubble W walks only part of it).
+        packed = tensor.detach()
+        self._live[key][2] += 2
+        weakref.finalize(tensor, self._release, key)  # the caller drops it
+        weakref.finalize(packed, self._release, key)  # autograd drops it
         where = self._where[-1] if self._where else ""
         self.records.append(SavedRecord(where, kind, tuple(tensor.shape), tensor.dtype,
                                         storage.nbytes(), new))
         if new and self.on_change:
             self.on_change(f"save {where or 'loss'} {tuple(tensor.shape)}")
-        return tensor  # the tensor itself: the hook only watches, it changes nothing
+        return packed  # the same values: the hook only watches, it changes nothing
 
     def _param_storages(self):
         """Where the parameters live now: ZeRO-3 (lesson 05) frees a parameter's storage after

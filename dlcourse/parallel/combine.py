@@ -180,7 +180,16 @@ def activation_formula(config, plan, batch):
                                             bounds[s + 1] - bounds[s], plan.sequence_parallel)
                  for s in range(g.pp)}
     actions = SCHEDULES[plan.schedule]
-    return max(in_flight_peak(actions(r, g.pp, m), per_stage) for r in range(g.pp))
+    kept = {s: per_stage[s] - (_loss_bytes(config, micro) if 0 < s == g.pp - 1 else 0)
+            for s in range(g.pp)}  # zero bubble's B (torch's split) frees only the loss's rows
+    return max(in_flight_peak(actions(r, g.pp, m), per_stage, kept) for r in range(g.pp))
+
+
+def _loss_bytes(config, batch):
+    """What lesson 06's zero-bubble B frees on the last stage: the loss's saved tensors, which lie
+    above the last weight (the rest of the graph waits for W)."""
+    return sum(r.numel * r.itemsize * r.count for r in gpt_saved_tensors(config, batch)
+               if r.where == "loss" and r.kind == "activations")
 
 
 def _stage_activation_bytes(config, batch, tp, first, last, blocks, sequence_parallel):

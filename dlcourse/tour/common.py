@@ -55,6 +55,9 @@ class RowResult:
     # the most activation bytes autograd held at once in one step (lesson 01's SavedTensorLog),
     # the batch not counted; None where the row does not measure it
     activation_bytes: int | None = None
+    # one process's parameters for a row that trains another model than the tour's (interleaved
+    # 1F1B needs more blocks): compared with this instead of the reference row's
+    reference: dict | None = None
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Row:
     train: object  # fn(TourConfig) -> RowResult, run on every rank (or in-process if ranks == 1)
     distributed: bool = True  # False: runs once, in this process
     check: object = None  # fn(TourConfig, world_size): raises ValueError before any rank starts
+    tolerance: float = MATCH_TOLERANCE  # the largest |Δ| vs the reference that still matches
 
 
 def held_bytes(model, optimizer):

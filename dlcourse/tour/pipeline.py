@@ -4,9 +4,12 @@ and torch.distributed.pipelining's Schedule1F1B on the same stages.
 The tour's GPT has cfg.model.n_layers blocks (2 by default), and a stage needs at least one:
 so the rows run pp = the most stages that fit (2 of the default GPT's blocks; 4 ranks: 2
 pipelines of 2 stages, each on half the global batch, their gradients averaged as in lesson 03
-over the data-parallel group of `RankGrid(dp, pp)`). Interleaved 1F1B needs pp x v blocks: with
-the default 2-block GPT it would fit only pp = 1, so its row asks for n_layers >= 4.
+over the data-parallel group of `RankGrid(dp, pp)`). Interleaved 1F1B needs pp x v blocks: its
+row (`train_interleaved_row`) trains the same GPT made deep enough for v = 2 chunks on every
+rank (8 blocks at 4 ranks) and brings that GPT's one-process run as its reference.
 """
+
+import dataclasses
 
 import statistics
 import time
@@ -22,7 +25,7 @@ from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.pipeline import (SCHEDULES, cut_stages, gather_params, split_micro_batches,
                                         train_step)
 from dlcourse.parallel.pipeline.torch_api import torch_schedule, torch_train_step
-from dlcourse.tour.common import RowResult, held_bytes, mean_loss
+from dlcourse.tour.common import RowResult, held_bytes, mean_loss, train_reference
 
 N_MICRO = 4  # micro-batches per step on each pipeline
 TORCH = "torch Schedule1F1B"
@@ -61,6 +64,25 @@ def train_pp_row(schedule, cfg, v=1):
     return RowResult(mean_loss(loss, cfg), gather_params(stages, groups.pp),
                      held_bytes(nn.ModuleList(stages), optimizer), round(sent),
                      statistics.median(times) if times else float("nan"), activations)
+
+
+def deep_enough(cfg, v=2):
+    """cfg with a GPT of v x 2 blocks (or its own, if deeper): 2 stages per pipeline, each rank
+    holding v chunks of one block, the other ranks data-parallel copies as in the other rows.
+    (pp = 4 would need 8 blocks; AdamW then carries the fp32 rounding of the deeper model past
+    the tour's tolerance: 1.2e-5 measured at 3 steps.)"""
+    n_layers = max(cfg.model.n_layers, v * 2)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=n_layers))
+
+
+def train_interleaved_row(cfg, v=2):
+    """Interleaved 1F1B with v chunks per rank on `deep_enough(cfg)`'s GPT; rank 0 also
+    runs that GPT in one process (the tour's reference is a shallower GPT) for the comparison."""
+    deep = deep_enough(cfg, v)
+    result = train_pp_row("interleaved 1F1B", deep, v)
+    if dist.get_rank() == 0:  # the row's result is rank 0's
+        result.reference = train_reference(deep).params
+    return result
 
 
 def _step_fn(schedule, stages, optimizer, x, y, groups, v):

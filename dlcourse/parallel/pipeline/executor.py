@@ -18,6 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
 from dlcourse.collectives.p2p import rank_in
 from dlcourse.models import lm_loss
 from dlcourse.parallel.pipeline import p2p
@@ -38,8 +40,9 @@ def split_micro_batches(x, y, n_micro):
 
 class Executor:
     """Runs one rank's actions for one step. `stages`: this rank's Stage modules; `unit`: if
-    given, every action is held to UNITS[kind] x unit seconds (sleeping after its compute), so
-    that the timeline shows the schedule itself, not the load of a shared machine."""
+    given, every action is held to UNITS[kind] x unit / v seconds (sleeping after its compute;
+    v = the chunks this rank holds, each 1/v of a stage's work), so that the timeline shows the
+    schedule itself, not the load of a shared machine."""
 
     def __init__(self, stages, micro_batches, group=None, timeline=None, unit=None):
         self.stages = {s.index: s for s in stages}
@@ -79,27 +82,39 @@ class Executor:
         with self._timed(stage, "B split" if self.split else "B", mb):
             if not self.split:
                 torch.autograd.backward(out, dy)  # input and weight gradients at once
-            elif not stage.is_first:  # input gradient only; keep the graph for W
-                torch.autograd.backward(out, dy, inputs=[x], retain_graph=True)
+            elif not stage.is_first:  # input gradient only; note where W starts from
+                self.grads[key] = input_gradient(out, dy, x, stage)
         if not stage.is_first:
             self.sends.append(p2p.send_gradient(x.grad, stage.index, mb, self.n_stages, self.group))
-        if self.split:
-            self.grads[key] = dy
-        else:
+        if self.split and stage.is_first:
+            self.grads[key] = dy  # no input gradient to send: W runs the whole backward
+        if not self.split:
             del self.inputs[key], self.outputs[key]  # its saved activations are freed already
 
     def W(self, stage, mb):
         key = (stage.index, mb)
         with self._timed(stage, "W", mb):
-            # Weight gradients: autograd walks the graph again (torch's stage_backward_weight
-            # reuses B's intermediate gradients instead; the result is the same).
-            torch.autograd.backward(self.outputs[key], self.grads.pop(key),
-                                    inputs=[p for p in stage.parameters() if p.requires_grad])
+            weights = [p for p in stage.parameters() if p.requires_grad]
+            if stage.is_first:  # B did nothing (the tokens need no gradient): all of it now
+                torch.autograd.backward(self.outputs[key], self.grads.pop(key), inputs=weights)
+            else:  # from the gradients B left at each weight's layer, not from the output again
+                stage_backward_weight(iter(weights), self.grads.pop(key))
         del self.inputs[key], self.outputs[key]
 
     def _timed(self, stage, kind, mb):
         return _Held(self, stage, kind, mb)
 
+
+
+def input_gradient(out, dy, x, stage):
+    """Zero bubble's B: dL/dx only, into x.grad, with torch's own `stage_backward_input` (what
+    its ZB schedules run). On the way it records the gradient reaching each layer whose weights
+    hang off the path from x to the output (a Linear's output, ...), and W starts from those
+    (`stage_backward_weight`) instead of walking the input-gradient path again. The output is
+    detached: the graph above those layers can go. Returns the param groups W needs."""
+    _, param_groups = stage_backward_input([out], None if dy is None else [dy], [x],
+                                           iter(p for p in stage.parameters() if p.requires_grad))
+    return param_groups
 
 
 def _dtype(stage):
@@ -117,7 +132,8 @@ class _Held:
 
     def __exit__(self, *exc):
         if self.ex.unit is not None:
-            end = self.start + UNITS[self.kind] * self.ex.unit
+            v = len(self.ex.stages)  # interleaved: v chunks of 1/v of a stage each
+            end = self.start + UNITS[self.kind] * self.ex.unit / v
             time.sleep(max(0.0, end - time.perf_counter()))
         if self.ex.timeline is not None:
             name = f"{self.kind[0]}{self.mb}"  # "F3", "B3", "W3"

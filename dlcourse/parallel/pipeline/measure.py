@@ -6,12 +6,17 @@
 
 `simulate` plays the action lists with every forward 1 unit, a full backward 2 and (zero bubble)
 B and W 1 each, every action starting once its rank is free and its input has arrived: the
-schedule drawn before it runs. A real run's `Timeline` gives the same spans, measured.
+schedule drawn before it runs. Those are the times of one stage of a p-stage model; an
+interleaved rank holds v chunks of 1/v of a stage each (Narayanan et al. 2021, §2.2.2), so a
+chunk's action takes 1/v of them. Measured per-stage times (`stage_times`) replace the units
+where the stages are not alike. A real run's `Timeline` gives the same spans, measured.
 
 Memory: a stage keeps each micro-batch's saved activations from its F until its backward (W in
 zero-bubble schedules) frees them, so its peak is the most micro-batches in flight at once
 (`in_flight_peak`) times the bytes one micro-batch saves (`micro_batch_activation_bytes`).
 """
+
+import statistics
 
 import torch
 import torch.distributed as dist
@@ -20,19 +25,24 @@ import torch.nn as nn
 from dlcourse.collectives.p2p import rank_in
 from dlcourse.memory import SavedTensorLog, peak_activations
 from dlcourse.models import lm_loss
-from dlcourse.parallel.pipeline.executor import run_schedule, split_micro_batches
+from dlcourse.parallel.pipeline.executor import input_gradient, run_schedule, split_micro_batches
 from dlcourse.parallel.pipeline.stages import cut_stages
 from dlcourse.plots.timeline import Span, Timeline
 
 UNIT_TIMES = {"F": 1.0, "B": 2.0, "B split": 1.0, "W": 1.0}
 
 
-def simulate(actions_by_rank, times=UNIT_TIMES):
+def simulate(actions_by_rank, times=UNIT_TIMES, stage_times=None):
     """Spans (rank, lane "stage s", name "F3", start, end) of every action, in units of time:
     each starts when its rank is free and what it needs is done (F: the previous stage's F of
-    the micro-batch; B: the next stage's B and its own F; W: its own B). Raises on a deadlock."""
+    the micro-batch; B: the next stage's B and its own F; W: its own B). `times`: one stage's
+    action lengths; with v = stages / ranks > 1 (interleaved) a chunk's are times / v.
+    `stage_times`: {stage: {kind: length}}, measured, used as they are. Raises on a deadlock."""
     split = {r: any(a.kind == "W" for a in acts) for r, acts in actions_by_rank.items()}
     n_stages = 1 + max(a.stage for acts in actions_by_rank.values() for a in acts)
+    v = n_stages / len(actions_by_rank)  # chunks per rank: 1, or v for interleaved 1F1B
+    length = (lambda s, kind: stage_times[s][kind]) if stage_times else \
+        (lambda s, kind: times[kind] / v)
     done, spans = {}, []  # (stage, kind, mb) -> end time; the spans drawn
     free = dict.fromkeys(actions_by_rank, 0.0)  # rank -> when it finishes its last action
     nxt = dict.fromkeys(actions_by_rank, 0)  # rank -> index of its next action
@@ -47,7 +57,7 @@ def simulate(actions_by_rank, times=UNIT_TIMES):
                     break  # waits for another rank
                 start = max([free[r]] + [done[n] for n in needs])
                 kind = "B split" if a.kind == "B" and split[r] else a.kind
-                free[r] = done[a.stage, a.kind, a.mb] = start + times[kind]
+                free[r] = done[a.stage, a.kind, a.mb] = start + length(a.stage, kind)
                 spans.append(Span(r, f"stage {a.stage}", f"{a.kind}{a.mb}", start, free[r]))
                 nxt[r] += 1
                 progress = True
@@ -55,6 +65,21 @@ def simulate(actions_by_rank, times=UNIT_TIMES):
     if stuck:
         raise RuntimeError(f"the schedule deadlocks: ranks wait forever at {stuck}")
     return spans
+
+
+def stage_times_of(spans):
+    """{stage: {kind: median length}} of a run's spans (measured or simulated), for `simulate`:
+    what each stage's F, B (and W) really cost, unequal where the stages are."""
+    lengths = {}
+    for s in spans:
+        stage, kind = int(s.lane.split()[-1]), s.name[0]
+        lengths.setdefault(stage, {}).setdefault(kind, []).append(s.duration)
+    out = {}
+    for stage, kinds in lengths.items():
+        out[stage] = {kind: statistics.median(ts) for kind, ts in kinds.items()}
+        if "W" in kinds:
+            out[stage]["B split"] = out[stage]["B"]
+    return out
 
 
 def _needs(action, n_stages):
@@ -73,6 +98,14 @@ def bubble_fraction(spans):
     return 1 - sum(s.duration for s in spans) / (len(ranks) * step)
 
 
+def bubble_time(spans):
+    """Idle time per rank, averaged over the ranks: step - busy / ranks (units or seconds). The
+    fraction can fall because the work grew; this cannot."""
+    ranks = {s.rank for s in spans}
+    step = max(s.end for s in spans) - min(s.start for s in spans)
+    return step - sum(s.duration for s in spans) / len(ranks)
+
+
 def bubble_formula(schedule, p, m, v=1):
     """The bubble as a share of the step, with F, B, W of equal cost (a full backward 2 units).
     GPipe, 1F1B: (p-1)/(m+p-1). Interleaved 1F1B: its bubble is (p-1)/(v m) of the ideal time
@@ -88,27 +121,58 @@ def bubble_formula(schedule, p, m, v=1):
     return formulas[schedule]()
 
 
-def in_flight_peak(actions, stage_bytes=None):
+def bubble_time_formula(schedule, p, v=1, times=UNIT_TIMES):
+    """Idle time per rank, in the units of `times` (one stage's F, B, W): (p-1)(F+B) for naive,
+    GPipe and 1F1B, whatever m; (p-1)(F+B)/v interleaved (each ramp action is a 1/v chunk);
+    (p-1)(F+B-W) for ZB-H1 with B and W split (m >= p)."""
+    full = (p - 1) * (times["F"] + times["B"])
+    if schedule == "interleaved 1F1B":
+        return full / v
+    if schedule == "ZB-H1":
+        return (p - 1) * (times["F"] + times["B split"] - times["W"])
+    return full
+
+
+def in_flight_peak(actions, stage_bytes=None, kept_for_w=None):
     """The most micro-batches (or, given stage -> bytes per micro-batch, bytes) a rank holds
-    activations for at once: from its F until its backward frees them (W where the schedule
-    has W: B keeps the graph for it)."""
+    activations for at once: from its F until its backward frees them. Zero bubble: B frees
+    all but `kept_for_w` (stage -> bytes W still needs; default everything: W frees it all),
+    W the rest, Qi et al.'s M_B and M_W."""
     split = any(a.kind == "W" for a in actions)
-    freed_by = "W" if split else "B"
     held = peak = 0
     for a in actions:
         size = stage_bytes[a.stage] if stage_bytes else 1
+        kept = kept_for_w[a.stage] if kept_for_w else size
         if a.kind == "F":
             held += size
             peak = max(peak, held)
-        elif a.kind == freed_by:
-            held -= size
+        elif a.kind == "B":
+            held -= size - kept if split else size
+        elif a.kind == "W":
+            held -= kept
     return peak
 
 
-def micro_batch_activation_bytes(stage, x, y, n_micro):
+def first_rank_peak_formula(schedule, p, m, v=1):
+    """Rank 0's most micro-batches in flight, in units of one whole stage's activations (a
+    chunk holds 1/v of them). GPipe m; 1F1B and ZB-H1 min(m, p). Interleaved 1F1B: rank 0 runs
+    2(p-1) + (v-1)p warm-up chunk forwards, then one more before its first backward:
+    (v p + p - 1) chunks of 1/v = p (1 + (p-1)/(p v)), Korthikanti et al. 2022's factor on 1F1B's
+    p, once the warm-up fits in the m v chunk forwards (m >= p + (p-1)/v, so m >= 2p); at m = p
+    every forward comes first, m v chunks = p stages. Exact in bytes when each chunk saves 1/v
+    of a stage's bytes (alike layers, the embedding's and head's extras left out)."""
+    if schedule == "GPipe":
+        return m
+    if schedule == "interleaved 1F1B":
+        return min(m * v, v * p + p - 1) / v
+    return min(m, p)  # 1F1B; ZB-H1 (its W's hold rank 0's micro-batches no longer than 1F1B)
+
+
+def micro_batch_activation_bytes(stage, x, y, n_micro, after_b=False):
     """Bytes autograd saves in one forward of `stage` on one micro-batch (x, y): tokens on the
     first stage; the loss on the last. Other stages get a fresh input like a received one. The
-    tokens and targets are not counted: the caller holds the whole batch anyway."""
+    tokens and targets are not counted: the caller holds the whole batch anyway. after_b: the
+    bytes still held after zero bubble's B (`executor.input_gradient`), until W (M_W)."""
     data = (x, y)
     if not stage.is_first:
         dtype = next(stage.parameters()).dtype
@@ -117,8 +181,11 @@ def micro_batch_activation_bytes(stage, x, y, n_micro):
         out = stage(x)
         if stage.is_last:
             out = lm_loss(out, y) / n_micro
-    held = log.live_bytes()["activations"]
-    del out
+        if after_b and not stage.is_first:  # the first stage's B does nothing: W does it all
+            dy = None if stage.is_last else torch.ones_like(out)
+            for_w = input_gradient(out, dy, x, stage)  # W's starting points: they hold the graph
+        held = log.live_bytes()["activations"]
+        del out
     return held
 
 

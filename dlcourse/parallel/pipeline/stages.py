@@ -72,12 +72,18 @@ class Stage(nn.Module):
         return x
 
 
-def cut_stages(gpt, group=None, v=1):
+def cut_stages(gpt, group=None, v=1, style="loop"):
     """This rank's stages of `gpt`, cut into p * v stages (p = the group's size): stage
-    chunk * p + rank for chunk 0 .. v-1 (v > 1: the interleaved schedule's virtual stages)."""
+    chunk * p + rank for chunk 0 .. v-1 (v > 1: the interleaved schedule's virtual stages).
+    style="v" (v = 2, zero bubble's ZBV and DualPipeV): stages rank and 2p - 1 - rank, so that
+    rank 0 holds the first and the last stage."""
     rank, p = rank_in(group, "cut_stages")
     n_stages = p * v
     stage_boundaries(gpt.config.n_layers, n_stages)  # the error, if there are too few blocks
+    if style == "v":
+        if v != 2:
+            raise ValueError(f"style='v' deals 2 stages per rank (down, then back up); got v={v}")
+        return [Stage(gpt, rank, n_stages), Stage(gpt, n_stages - 1 - rank, n_stages)]
     return [Stage(gpt, chunk * p + rank, n_stages) for chunk in range(v)]
 
 

@@ -15,8 +15,9 @@ of the tied embedding, so `sync_tied_grads` runs after its step as after ours
 """
 
 import torch
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV,
+                                          ScheduleGPipe, ScheduleInterleaved1F1B,
+                                          ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
                                           SplitPoint, pipeline)
 
 from dlcourse.collectives.p2p import rank_in
@@ -24,21 +25,25 @@ from dlcourse.models import lm_loss
 from dlcourse.parallel.pipeline.executor import finish_gradients
 from dlcourse.parallel.pipeline.stages import stage_boundaries
 
-TORCH_SCHEDULES = {  # our schedule's name -> torch's class; the last two take v stages per rank
+TORCH_SCHEDULES = {  # our schedule's name -> torch's class; all but the first two take v stages
     "GPipe": ScheduleGPipe,
     "1F1B": Schedule1F1B,
     "interleaved 1F1B": ScheduleInterleaved1F1B,
     "interleaved zero bubble": ScheduleInterleavedZeroBubble,
+    "ZBV": ScheduleZBVZeroBubble,  # v = 2 stages per rank dealt in a V: cut_stages(style="v")
+    "DualPipeV": ScheduleDualPipeV,  # the same V
 }
+V_SHAPED = ("ZBV", "DualPipeV")
+AT_LEAST_ONE_PER_STAGE = (Schedule1F1B, ScheduleDualPipeV)  # torch 2.13 refuses m < stages
 
 
 def torch_schedule(name, stages, n_micro, group=None):
     """torch's schedule `name` over this rank's stages (each wrapped in a PipelineStage)."""
     cls = TORCH_SCHEDULES[name]
-    _, p = rank_in(group, "torch_schedule")
-    if n_micro < p:
-        raise ValueError(f"torch's {cls.__name__} refuses fewer micro-batches than pipeline "
-                         f"ranks: n_micro {n_micro} < {p}; use n_micro >= {p}")
+    n_stages = stages[0].n_stages
+    if cls in AT_LEAST_ONE_PER_STAGE and n_micro < n_stages:
+        raise ValueError(f"torch's {cls.__name__} refuses fewer micro-batches than stages: "
+                         f"n_micro {n_micro} < {n_stages}; use n_micro >= {n_stages}")
     wrapped = [PipelineStage(s, s.index, s.n_stages, torch.device("cpu"), group=group)
                for s in stages]
     if cls in (ScheduleGPipe, Schedule1F1B):
