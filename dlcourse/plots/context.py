@@ -2,7 +2,7 @@
 function of its inputs.
 
     plot_score_blocks(owners)                  the s x s scores in chunk blocks: who computes which
-    plot_causal_work(work, seconds)            each rank's causal scores, counted and timed, per layout
+    plot_causal_work(work, seconds)            each rank's causal scores, counted and timed
     plot_activation_bytes(seq_lens, curves)    activation bytes per rank against the sequence length
 """
 
