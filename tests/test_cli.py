@@ -11,7 +11,9 @@ from dlcourse import tour
 from dlcourse.models import GPTConfig
 from dlcourse.parallel.combine import GridPlan, activation_formula
 from dlcourse.parallel.grid import RankGrid
+from dlcourse.parallel.context.measure import cp_saved_tensors
 from dlcourse.tour.combine import PLANS
+from dlcourse.tour.context import METHOD_ROWS
 from dlcourse.tour.common import TourConfig
 from dlcourse.tour.pipeline import N_MICRO
 from dlcourse.parallel.data.steps import shard_batch
@@ -52,7 +54,7 @@ def test_tour_prints_every_row_matching_the_reference():
 
 
 def _activation_column_is_the_lessons_count(table):
-    """Each counted row's busiest rank holds what lessons 01, 04 and 06 count, to the byte, at
+    """Each counted row's busiest rank holds what lessons 01, 04, 06 and 08 count, to the byte, at
     2 ranks; ZeRO divides the model state, never the activations, so its rows equal DP's."""
     config, batch = GPTConfig(), TourConfig().global_batch
     dp, tp = GridPlan(RankGrid(dp=2)), GridPlan(RankGrid(tp=2))
@@ -70,6 +72,10 @@ def _activation_column_is_the_lessons_count(table):
         cells = re.split(r"\s{2,}", next(l for l in table if l.startswith(name)))
         got = int(cells[column].replace(",", ""))
         assert got == activation_formula(config, plan, batch), (name, got)
+    for name, method in METHOD_ROWS.items():  # lesson 08: every rank's s/2 tokens, proven estimate
+        cells = re.split(r"\s{2,}", next(l for l in table if l.startswith(name)))
+        got = int(cells[column].replace(",", ""))
+        assert got == sum(r.nbytes for r in cp_saved_tensors(config, batch, 2, method)), (name, got)
 
 
 def _train_without_averaging(cfg):
@@ -93,3 +99,21 @@ def test_tour_refuses_a_world_size_that_does_not_split_the_batch():
     done = dlcourse_command("tour", "--world-size", "3")
     assert done.returncode == 2
     assert "--world-size 3 does not divide the global batch of 16 sequences" in done.stderr
+
+
+def test_tour_names_the_context_parallel_rows_a_world_size_cannot_split():
+    """Before any rank starts: at 8 ranks Ulysses cannot split the tour GPT's 4 heads, and says
+    so with the arithmetic; the ring and zig-zag (32 tokens in 8 or 16 chunks) still run. At 64
+    ranks no layout divides the 32 tokens."""
+    rows = [r for r in tour.ROWS if r.name in METHOD_ROWS]
+    for world_size, refused in ((8, {"CP Ulysses (lesson 08)": "cp 8 does not divide n_heads 4"}),
+                                (64, {"CP ring (lesson 08)": "64 chunks (cp 64)",
+                                      "CP zig-zag ring (lesson 08)": "128 chunks (cp 64)",
+                                      "CP Ulysses (lesson 08)": "64 chunks (cp 64)",
+                                      "CP all-gather KV (lesson 08)": "64 chunks (cp 64)"})):
+        said = []
+        runnable = tour._runnable(rows, TourConfig(), world_size, said.append)
+        assert [r.name for r in runnable] == [n for n in METHOD_ROWS if n not in refused]
+        assert len(said) == len(refused)
+        for line, (name, why) in zip(said, refused.items()):
+            assert line.startswith(f"skipped {name} at {world_size} ranks: ") and why in line, line

@@ -9,9 +9,9 @@ communication bytes per step, step time.
 A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
 `RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that
 strategy's wrap / train / count functions: `data.py` for lesson 03, `tensor.py` for lesson 04, `zero.py` for
-lesson 05, `pipeline.py` for lesson 06, `combine.py` for lesson 07.
-A row that cannot run on the chosen number of ranks (tp must divide the heads) says why and is
-left out.
+lesson 05, `pipeline.py` for lesson 06, `combine.py` for lesson 07, `context.py` for lesson 08.
+A row that cannot run on the chosen number of ranks (tp must divide the heads; Ulysses' cp too)
+says why and is left out.
 """
 
 from functools import partial
@@ -26,6 +26,7 @@ from dlcourse.parallel.tensor import check_tp
 from dlcourse.tour.common import (MATCH_TOLERANCE, Row, RowResult, TourConfig, cpu_params,  # noqa: F401
                                   held_bytes, mean_over_ranks, timed_steps, train_reference)
 from dlcourse.tour.combine import PLANS, check_grid_row, train_grid_row
+from dlcourse.tour.context import METHOD_ROWS, check_cp_row, train_cp_row
 from dlcourse.tour.data import train_dp_row
 from dlcourse.tour.pipeline import TORCH, train_interleaved_row, train_pp_row
 from dlcourse.tour.tensor import train_tp_row
@@ -61,6 +62,9 @@ ROWS = [
     # a rank grid, one strategy per axis: 4 ranks for the 2-D grids, 8 for dp x tp x pp
     *[Row(name, partial(train_grid_row, name), check=partial(check_grid_row, name))
       for name in PLANS],
+    # cp = every rank of the job; each rank holds s/cp tokens of every sequence
+    *[Row(name, partial(train_cp_row, method), check=partial(check_cp_row, method))
+      for name, method in METHOD_ROWS.items()],
 ]
 
 

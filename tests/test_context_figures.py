@@ -1,0 +1,42 @@
+"""Lesson 08's figures (`dlcourse/plots/context.py`) draw what they are given: one coloured block
+per computed (query chunk, key chunk) pair, one bar per rank at its value, one line per curve."""
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+
+from dlcourse.parallel.context import Layout, causal_work
+from dlcourse.plots.context import plot_activation_bytes, plot_causal_work, plot_score_blocks
+
+
+def causal_owners(layout):
+    holder = {c: r for r in range(layout.cp) for c in layout.chunks(r)}
+    n = layout.n_chunks
+    return [[holder[i] if i >= j else None for j in range(n)] for i in range(n)]
+
+
+def test_score_blocks_colour_each_ranks_computed_pairs_and_leave_the_masked_white():
+    layouts = {name: Layout(name, 4, 16) for name in ("contiguous", "zigzag")}
+    fig = plot_score_blocks({name: causal_owners(layout) for name, layout in layouts.items()})
+    for ax, (name, layout) in zip(fig.axes, layouts.items()):
+        boxes = [p for p in ax.patches if isinstance(p, Rectangle)]
+        assert len(boxes) == layout.n_chunks ** 2
+        coloured = {}
+        for box in boxes:
+            if box.get_facecolor()[:3] != (1.0, 1.0, 1.0):
+                coloured[box.get_facecolor()] = coloured.get(box.get_facecolor(), 0) + 1
+        assert sorted(coloured.values()) == sorted(causal_work(layout))  # pairs per rank
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+    plt.close(fig)
+
+
+def test_causal_work_bars_are_the_values_per_rank_and_activation_curves_the_points():
+    work = {"contiguous": [1, 2, 3, 4], "zigzag": [9, 9, 9, 9]}
+    fig = plot_causal_work(work, {"contiguous": [0.1, 0.2, 0.3, 0.4], "zigzag": [0.2] * 4})
+    heights = [bar.get_height() for bar in fig.axes[0].patches]
+    assert heights == work["contiguous"] + work["zigzag"]
+    plt.close(fig)
+    fig = plot_activation_bytes([1024, 2048], {"one": [2**30, 2**31], "two": [2**29, 2**30]})
+    lines = fig.axes[0].get_lines()
+    assert [list(line.get_ydata()) for line in lines] == [[1, 2], [0.5, 1]]  # GiB
+    assert fig.axes[0].get_title() and fig.axes[0].get_ylabel() == "activation GiB per rank"
+    plt.close(fig)
