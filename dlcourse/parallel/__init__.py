@@ -5,6 +5,8 @@ process group of its axis, never a global.
     tensor/     tensor and sequence parallelism (lesson 04, `lessons/04_tensor_parallel.ipynb`)
     zero/       ZeRO stages 1-3 and offload (lesson 05, `lessons/05_zero.ipynb`)
     pipeline/   stages, schedules as data, one executor (lesson 06, `lessons/06_pipeline.ipynb`)
+    expert/     expert parallelism for the MoE GPT: experts sharded, tokens dispatched by
+                all-to-all of uneven splits (lesson 09, `lessons/09_experts.ipynb`)
     grid.py     RankGrid: the sizes of the dp, tp and pp axes and each rank's groups (lesson 07),
                 built once and handed down, so a strategy takes `groups.dp` or `groups.tp`
     combine.py  GridPlan, combine(model, plan, groups) -> GridTrainer: pp stages, tp inside each,
