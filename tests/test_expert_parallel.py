@@ -5,7 +5,8 @@ process on the whole batch: losses, aux losses, tokens dropped, the first step's
 every dense and expert parameter after K steps. An expert that gets no token at all in some step
 is part of it (asserted to happen). One MoE layer's all-to-all bytes are counted against
 k·b·s·h·(ep-1)/ep (uniform routing) and against the rows actually routed (uneven splits);
-parameter bytes per rank are experts/ep + dense.
+parameter bytes per rank are experts/ep + dense. Torch's dispatch with grouped-GEMM experts
+equals one process in float32 (one step's gradients).
 
 Tolerance: float64 throughout. The ranks add the same numbers as one process in another order
 (each expert's weight gradient sums its tokens in (source rank, token) order, the dense ones are
@@ -102,6 +103,24 @@ def measure_bytes(group):
     return out
 
 
+def grouped_gemm_step(group):
+    """float32 (F.grouped_mm takes no float64): one step of torch's dispatch with grouped GEMM
+    experts beside one process with the loop: (loss, gradients) each."""
+    config = CONFIGS["dropless"]
+    data = synthetic_tokens(BATCH, config, seed=1)
+    reference = build(config)
+    model = expert_parallel(reference, group, "torch", grouped_mm=True)
+    want = moe_loss(reference, reference(data[0]), data[1])
+    want.backward()
+    x, y = shard_batch(data, group)
+    got = moe_loss(model, model(x), y)
+    got.backward()
+    average_gradients(model, group)
+    return ((want.item(), mean_over(got.item(), group)),
+            ({n: p.grad for n, p in reference.named_parameters()},
+             full_parameters(model, group, grads=True)))
+
+
 def everything():
     torch.set_default_dtype(torch.float64)
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes every group
@@ -109,6 +128,7 @@ def everything():
     out = {case: train_both(CONFIGS[case[0]], groups[case[1]], case[2]) for case in CASES}
     torch.set_default_dtype(torch.float32)
     out["bytes"] = {ep: measure_bytes(group) for ep, group in groups.items()}
+    out["grouped_mm"] = grouped_gemm_step(groups[4])
     return out
 
 
@@ -135,6 +155,17 @@ def test_expert_parallel_training_equals_one_process(results, case):
         close(r["grads"][1], r["grads"][0], TOL, f"rank {rank} first step gradient")
         close(r["weights"][1], r["weights"][0], TOL_WEIGHTS, f"rank {rank} weights")
         assert r["moved"] > 1e-4  # it trained: AdamW moved the weights ~lr per step
+
+
+def test_grouped_gemm_experts_with_torch_dispatch_equal_one_process_in_float32(results):
+    # float32: the ranks and the grouped GEMM add in other orders than one process's loop;
+    # relative rounding ~1e-7 per sum, 1e-5 relative / 1e-7 absolute leaves a margin of ~100.
+    for out in results:
+        (want, got), (want_grads, got_grads) = out["grouped_mm"]
+        assert abs(got - want) <= 1e-5 * abs(want)
+        assert got_grads.keys() == want_grads.keys()
+        for name in want_grads:
+            assert torch.allclose(got_grads[name], want_grads[name], rtol=1e-5, atol=1e-7), name
 
 
 def test_capacity_drops_tokens_and_dropless_drops_none(results):

@@ -12,6 +12,8 @@ weights are replicated and averaged as in lesson 03.
     parallelize.py  check_ep, expert_parallel(model, group) / parallel_moe, average_gradients
                     (dense: all-reduce / ep; experts: / ep), full_parameters, expert_parameters
     measure.py      count_layer, rows_moved, all_to_all_formula, param_bytes, local_param_bytes
+    compare.py      VARIANTS (scratch / torch dispatch x loop / grouped GEMM), time_variants
+                    beside one process (`benchmarks/expert_parallel.py`)
 """
 
 from dlcourse.parallel.expert.comm import (GroupCounts, all_to_all, exchange_counts,
