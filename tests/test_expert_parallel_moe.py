@@ -174,3 +174,28 @@ def test_one_process_counts_are_the_batch_and_nothing_before():
     batch, before = one_process_counts(counts)
     assert torch.equal(batch, counts) and not before.any()
     assert capacity(1.25, 32, 2, 8) == math.ceil(1.25 * 2 * 32 / 8)
+
+
+def test_active_parameters_are_dense_plus_k_of_e_experts_counted_on_the_model():
+    from dlcourse.parallel.expert.measure import params_per_token
+    config = MoEConfig(**{**CFG.__dict__, "n_layers": 3, "moe_every": 2, "expert_hidden": 24})
+    model = MoEGPT(config)
+    experts = [p for m in model.moe_layers() for p in m.experts.parameters()]
+    expert_values = sum(p.numel() for p in experts)
+    total = sum(p.numel() for p in model.parameters())
+    got = params_per_token(config)
+    assert got == {"total": total,
+                   "active": total - expert_values + expert_values * config.top_k // 8}
+    assert got["active"] < got["total"]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tp_of_the_dense_mlp_moves_one_ring_all_reduce_of_lesson_04s_count(tp):
+    from dlcourse.collectives.counter import CommRecord
+    from dlcourse.parallel.tensor.measure import layer_formula
+    from dlcourse.parallel.expert.measure import all_to_all_formula, tp_mlp_bytes
+    (op, elements), calls = next(iter(layer_formula(CFG, 2, tp)["forward"].items()))
+    assert calls == 2  # lesson 04: attention's g and the MLP's g; the MLP's is one of them
+    assert tp_mlp_bytes(CFG, 2, tp) == CommRecord(op, elements * 4, tp).bus_bytes()
+    ep_bytes = 2 * all_to_all_formula(CFG, 2, tp)  # dispatch + combine, forward
+    assert ep_bytes == pytest.approx(CFG.top_k * tp_mlp_bytes(CFG, 2, tp))

@@ -45,7 +45,7 @@ class ExpertParallelExperts(Experts):
     def __init__(self, experts, group, all_to_all="scratch", grouped_mm=False):
         ep, rank = dist.get_world_size(group), dist.get_rank(group)
         n_local = experts.n_experts // ep
-        torch.nn.Module.__init__(self)
+        torch.nn.Module.__init__(self)  # not Experts.__init__: the weights are `experts`' own
         self.n_experts, self.grouped_mm = n_local, grouped_mm
         self.fc = experts.fc.narrow(rank * n_local, n_local)  # (E/ep, f, h)
         self.proj = experts.proj.narrow(rank * n_local, n_local)  # (E/ep, h, f)

@@ -3,6 +3,9 @@
     count_layer(config, batch, group)    # one MoE layer's collectives, forward and backward
     all_to_all_formula(config, batch, ep)  # k·b·s·h·(ep-1)/ep values leave a rank, each way
     param_bytes(config, ep)              # experts / ep + dense, per rank
+    params_per_token(config)             # total parameters against those one token uses
+    all_to_all_time(config, batch, ep, alpha, beta)   # lesson 02's alpha-beta model
+    tp_mlp_bytes(config, batch, tp)      # what tensor parallelism of the dense MLP would move
 
 The all-to-alls of one MoE layer, on a rank holding b sequences of s tokens (b·s·k assignments
 when dropless). Forward: the dispatch sends this rank's M = k·b·s rows (h values each) and the
@@ -104,3 +107,27 @@ def local_param_bytes(model):
     for p in model.parameters():
         out["experts" if id(p) in experts else "dense"] += p.numel() * p.element_size()
     return out
+
+
+def params_per_token(config):
+    """{"total": every parameter, "active": those one token's forward uses: the dense ones and
+    k of the E experts of each MoE block}. Compute per token follows "active" (about 6 FLOPs per
+    active weight in training), memory follows "total": why MoE is cheap per token and costly
+    in memory."""
+    split = param_bytes(config, 1, itemsize=1)  # one byte per value: counts
+    return {"total": split["experts"] + split["dense"],
+            "active": split["dense"] + split["experts"] * config.top_k // config.n_experts}
+
+
+def all_to_all_time(config, batch, ep, alpha, beta, itemsize=4):
+    """Seconds of one MoE all-to-all under lesson 02's alpha-beta model, routing uniform: each
+    rank sends ep - 1 messages one after another (a direct exchange over one link), together
+    k·b·s·h·(ep-1)/ep·itemsize bytes: (ep - 1)·alpha + bytes·beta."""
+    return (ep - 1) * alpha + all_to_all_formula(config, batch, ep, itemsize) * beta
+
+
+def tp_mlp_bytes(config, batch, tp, itemsize=4):
+    """Bytes one rank sends for the dense MLP under Megatron TP (lesson 04), forward or
+    backward: one ring all-reduce of the b·s·h activations, 2·(tp-1)/tp of them. Against EP's
+    two all-to-alls each way, 2·k·(ep-1)/ep: k times as much at tp = ep."""
+    return 2 * (tp - 1) / tp * batch * config.seq_len * config.hidden * itemsize
