@@ -199,3 +199,17 @@ def test_tp_of_the_dense_mlp_moves_one_ring_all_reduce_of_lesson_04s_count(tp):
     assert tp_mlp_bytes(CFG, 2, tp) == CommRecord(op, elements * 4, tp).bus_bytes()
     ep_bytes = 2 * all_to_all_formula(CFG, 2, tp)  # dispatch + combine, forward
     assert ep_bytes == pytest.approx(CFG.top_k * tp_mlp_bytes(CFG, 2, tp))
+
+
+def test_routing_history_counts_every_assignment_once_per_step():
+    from dlcourse.parallel.expert.measure import routing_history
+    config = MoEConfig(**{**CFG.__dict__, "capacity_factor": 0.5})
+    data = synthetic_tokens(2, config, seed=1)
+    history = routing_history(config, data, steps=3)
+    n_assignments = 2 * config.seq_len * config.top_k
+    assert history["tokens"].shape == (3, 2, 8)
+    # kept + dropped = k·N in every step and block; with capacity 0.5 some are dropped
+    assert torch.equal(history["tokens"].sum(dim=2) + history["dropped"],
+                       torch.full((3, 2), n_assignments))
+    assert history["dropped"].sum() > 0
+    assert history["tokens"].max() <= capacity(0.5, 2 * config.seq_len, config.top_k, 8)

@@ -6,6 +6,7 @@
     params_per_token(config)             # total parameters against those one token uses
     all_to_all_time(config, batch, ep, alpha, beta)   # lesson 02's alpha-beta model
     tp_mlp_bytes(config, batch, tp)      # what tensor parallelism of the dense MLP would move
+    routing_history(config, data, steps) # tokens per expert and drops, step by step (heat maps)
 
 The all-to-alls of one MoE layer, on a rank holding b sequences of s tokens (b·s·k assignments
 when dropless). Forward: the dispatch sends this rank's M = k·b·s rows (h values each) and the
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from dlcourse.collectives.counter import CommCounter
+from dlcourse.models import MoEGPT, moe_loss
 from dlcourse.moe import MoE
 from dlcourse.parallel.expert.parallelize import expert_parameters, parallel_moe
 
@@ -131,3 +133,25 @@ def tp_mlp_bytes(config, batch, tp, itemsize=4):
     backward: one ring all-reduce of the b·s·h activations, 2·(tp-1)/tp of them. Against EP's
     two all-to-alls each way, 2·k·(ep-1)/ep: k times as much at tp = ep."""
     return 2 * (tp - 1) / tp * batch * config.seq_len * config.hidden * itemsize
+
+
+def routing_history(config, data, steps, lr=1e-3, seed=0):
+    """Train `MoEGPT(config, seed)` in one process for `steps` AdamW steps on `data` (inputs,
+    targets) and record, before each step's update: "tokens" (steps, MoE blocks, E) assignments
+    each expert computed, "dropped" (steps, MoE blocks), "aux" and "loss" (steps,). Run it with
+    two values of `config.aux_loss_coef` to see what the load-balance loss does to routing."""
+    model = MoEGPT(config, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    out = {"tokens": [], "dropped": [], "aux": [], "loss": []}
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = moe_loss(model, model(data[0]), data[1])
+        loss.backward()
+        optimizer.step()
+        layers = model.moe_layers()
+        out["tokens"].append(torch.stack([m.tokens_per_expert for m in layers]))
+        out["dropped"].append(torch.tensor([m.dropped for m in layers]))
+        out["aux"].append(model.aux_loss().item())
+        out["loss"].append(loss.item())
+    return {"tokens": torch.stack(out["tokens"]), "dropped": torch.stack(out["dropped"]),
+            "aux": torch.tensor(out["aux"]), "loss": torch.tensor(out["loss"])}
