@@ -213,3 +213,11 @@ def test_routing_history_counts_every_assignment_once_per_step():
                        torch.full((3, 2), n_assignments))
     assert history["dropped"].sum() > 0
     assert history["tokens"].max() <= capacity(0.5, 2 * config.seq_len, config.top_k, 8)
+
+
+def test_grouped_gemm_on_widths_it_cannot_take_is_refused_before_ranks_start():
+    with pytest.raises(ValueError, match=r"expert width 20 is not a multiple of 8"):
+        check_ep(MoEConfig(**{**CFG.__dict__, "expert_hidden": 20}), 2, grouped_mm=True)
+    with pytest.raises(ValueError, match=r"unknown all_to_all 'nccl'"):
+        check_ep(CFG, 2, all_to_all="nccl")
+    check_ep(CFG, 2, all_to_all="torch", grouped_mm=True)

@@ -32,8 +32,8 @@ from dlcourse.parallel.expert.comm import GroupCounts
 from dlcourse.parallel.expert.experts import ALL_TO_ALL, ExpertParallelExperts
 
 
-def check_ep(config, ep, all_to_all="scratch"):
-    """Refuse what cannot be split, with the arithmetic, before any process starts."""
+def check_ep(config, ep, all_to_all="scratch", grouped_mm=False):
+    """Refuse what cannot be split or run, with the arithmetic, before any process starts."""
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
         raise ValueError(f"ep must be a whole number of ranks >= 1, got {ep!r}")
     if config.n_experts % ep:
@@ -42,12 +42,26 @@ def check_ep(config, ep, all_to_all="scratch"):
                          f"holds E/ep whole experts: use n_experts a multiple of {ep}")
     if all_to_all not in ALL_TO_ALL:
         raise ValueError(f"unknown all_to_all {all_to_all!r}; one of {sorted(ALL_TO_ALL)}")
+    if grouped_mm:
+        check_grouped_mm(config)
+
+
+def check_grouped_mm(config):
+    """torch's grouped GEMM needs rows of 16 bytes' multiple: widths that are multiples of 8
+    suit float32, bfloat16 and float16 alike (it takes no float64: the model must be in one)."""
+    if not (hasattr(torch.nn.functional, "grouped_mm") or hasattr(torch, "_grouped_mm")):
+        raise ValueError(f"torch {torch.__version__} has no grouped GEMM; use grouped_mm=False")
+    for name, width in (("hidden", config.hidden), ("expert width", config.ffn_hidden)):
+        if width % 8:
+            raise ValueError(f"grouped_mm needs rows of a multiple of 16 bytes: {name} {width} "
+                             f"is not a multiple of 8 ({width} / 8 = {width / 8:g}); use the "
+                             "loop (grouped_mm=False) or a width that is")
 
 
 def expert_parallel(model, group, all_to_all="scratch", grouped_mm=False):
     """A copy of the `MoEGPT` holding this rank's E/ep experts of every MoE block and the dense
     weights whole; its MoE blocks count routing over the whole group's batch."""
-    check_ep(model.config, dist.get_world_size(group), all_to_all)
+    check_ep(model.config, dist.get_world_size(group), all_to_all, grouped_mm)
     model = copy.deepcopy(model)
     for moe in model.moe_layers():
         parallel_moe(moe, group, all_to_all, grouped_mm)
