@@ -173,7 +173,8 @@ class MoEConfig(GPTConfig):
 class MoEGPT(GPT):
     """The course GPT with an `MoE` in place of the MLP of `config.moe_blocks`. After a forward,
     `aux_loss()` is the sum over MoE blocks of their load-balance losses (one term per MoE
-    layer, each weighted by alpha); train on `moe_loss(model, logits, targets)`. Same config and seed, same weights."""
+    layer, each weighted by alpha); train on `moe_loss(model, logits, targets)`. Same config
+    and seed, same weights."""
 
     def __init__(self, config, seed=0):
         super().__init__(config, seed)

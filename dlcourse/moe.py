@@ -11,7 +11,7 @@ Fedus et al. 2021). One forward, N tokens of width h:
     keep_mask        capacity (optional): which (token, choice) assignments an expert accepts
     permute          the kept assignments sorted by expert, stably: (M,) indices, counts (E,)
     Experts          E MLPs as stacked weights, run on the sorted tokens: a loop over experts,
-                     or one grouped GEMM (`F.grouped_mm`, float32 / bf16 only)
+                     or one grouped GEMM (`F.grouped_mm`: float32, bf16, fp16; no float64)
     combine          the expert outputs, times their weights, added back at their tokens
     load_balance_loss  Switch's auxiliary loss E · Σ_e f_e · P_e
 
@@ -28,8 +28,9 @@ then by the token's index in the whole batch (rank r's tokens come after those o
 `shard_batch` splits the batch in rank order). An assignment is dropped if its place in the queue
 is C or more; the token then gets nothing from that expert (the residual carries it on). Its
 place needs only counts: same-choice assignments to e on earlier tokens of this process, on
-earlier ranks, and all assignments to e of earlier choices. Production systems (GShard's
-groups, Megatron's per-rank capacity) count per rank, so what they drop depends on the layout.
+earlier ranks, and all assignments to e of earlier choices. GShard instead gives each group of
+tokens (a device's share) its own capacity, which is cheaper, but what it drops then depends on
+how the batch is split.
 """
 
 import math

@@ -77,7 +77,8 @@ def test_load_balance_loss_is_switch_eq_4_with_top_k():
     logits, k = draw(n_tokens=30, n_experts=6, k=2)
     probs, _, experts = route(logits, k)
     N, E = probs.shape
-    f = [sum(int(experts[n, j] == e) for n in range(N) for j in range(k)) / (k * N) for e in range(E)]
+    f = [sum(int(experts[n, j] == e) for n in range(N) for j in range(k)) / (k * N)
+         for e in range(E)]
     P = [sum(probs[n, e].item() for n in range(N)) / N for e in range(E)]
     want = E * sum(fe * pe for fe, pe in zip(f, P))
     got = load_balance_loss(probs, slot_counts(experts, E).sum(dim=0))
