@@ -6,6 +6,7 @@ Plain single-process PyTorch: nothing here knows about ranks. Every parallel str
 The GPT is GPT-2's architecture (pre-LayerNorm blocks, learned positions, GELU MLP, tied
 embedding and output weights) with attention written out step by step, so each tensor that
 Korthikanti et al. (2022) count in activation memory exists here under its own name.
+`MoEGPT` (lesson 09) is the same GPT with mixture-of-experts MLPs from `dlcourse/moe.py`.
 """
 
 import math
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from dlcourse.moe import MoE
 
 
 @dataclass
@@ -125,6 +128,70 @@ class GPT(nn.Module):
 def lm_loss(logits, targets):
     """Mean cross-entropy of next-token prediction over every position: (B, T, V), (B, T) -> ()."""
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@dataclass
+class MoEConfig(GPTConfig):
+    """The course GPT with mixture-of-experts MLPs (lesson 09, `dlcourse/moe.py`)."""
+
+    n_experts: int = 4  # E: expert MLPs in each MoE block
+    top_k: int = 2  # k: experts each token is sent to
+    capacity_factor: float | None = None  # None: dropless; else expert capacity, see moe.py
+    moe_every: int = 1  # block i is MoE when (i + 1) % moe_every == 0: 1 all, 2 every other
+    expert_hidden: int = 0  # f: each expert's inner width; 0 means 4h, the dense MLP's
+    aux_loss_coef: float = 0.01  # alpha: weight of the load-balance loss (Switch's 1e-2)
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("n_experts", "top_k", "moe_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"MoEConfig.{name} must be a whole number >= 1, got {value!r}")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"MoEConfig: top_k {self.top_k} > n_experts {self.n_experts}: a "
+                             f"token cannot go to {self.top_k} different experts out of "
+                             f"{self.n_experts}; use top_k <= {self.n_experts}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ValueError(f"MoEConfig.capacity_factor must be > 0 (or None for dropless), got "
+                             f"{self.capacity_factor!r}: an expert with capacity "
+                             f"ceil({self.capacity_factor!r} * k * N / E) takes no tokens")
+        if isinstance(self.expert_hidden, bool) or not isinstance(self.expert_hidden, int) \
+                or self.expert_hidden < 0:
+            raise ValueError(f"MoEConfig.expert_hidden must be a whole number >= 0 (0: 4h), got "
+                             f"{self.expert_hidden!r}")
+
+    @property
+    def ffn_hidden(self):
+        return self.expert_hidden or 4 * self.hidden
+
+    @property
+    def moe_blocks(self):
+        """Indices of the blocks whose MLP is an MoE."""
+        return [i for i in range(self.n_layers) if (i + 1) % self.moe_every == 0]
+
+
+class MoEGPT(GPT):
+    """The course GPT with an `MoE` in place of the MLP of `config.moe_blocks`. After a forward,
+    `aux_loss()` is the sum over MoE blocks of their load-balance losses (one term per MoE
+    layer, each weighted by alpha); train on `moe_loss(model, logits, targets)`. Same config
+    and seed, same weights."""
+
+    def __init__(self, config, seed=0):
+        super().__init__(config, seed)
+        for i in config.moe_blocks:
+            self.blocks[i].mlp = MoE(config)
+        init_weights(self, seed, residual_layers=2 * config.n_layers)  # again, with the experts
+
+    def moe_layers(self):
+        return [self.blocks[i].mlp for i in self.config.moe_blocks]
+
+    def aux_loss(self):
+        return sum(moe.aux_loss for moe in self.moe_layers())
+
+
+def moe_loss(model, logits, targets):
+    """lm_loss + alpha · the load-balance losses of the forward that made `logits`."""
+    return lm_loss(logits, targets) + model.config.aux_loss_coef * model.aux_loss()
 
 
 @dataclass

@@ -1,0 +1,194 @@
+"""The mixture-of-experts layer of the course GPT (lesson 09, `lessons/09_experts.ipynb`).
+
+Plain single-process PyTorch, like `models.py`, which builds `MoEGPT` from it. Each token's
+router picks k of E expert MLPs; the token goes only to those, and their outputs are summed with
+the router's weights (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch Transformer,
+Fedus et al. 2021). One forward, N tokens of width h:
+
+    route            router logits (N, E) -> probs (N, E), top-k weights renormalised over the
+                     k chosen (N, k), expert ids (N, k)
+    slot_counts      (k, E): how many tokens chose expert e as their j-th choice
+    keep_mask        capacity (optional): which (token, choice) assignments an expert accepts
+    permute          the kept assignments sorted by expert, stably: (M,) indices, counts (E,)
+    Experts          E MLPs as stacked weights, run on the sorted tokens: a loop over experts,
+                     or one grouped GEMM (`F.grouped_mm`: float32, bf16, fp16; no float64)
+    combine          the expert outputs, times their weights, added back at their tokens
+    load_balance_loss  Switch's auxiliary loss E · Σ_e f_e · P_e
+
+Two hooks make it expert-parallel without the layer knowing of ranks: `MoE.batch_counts` turns
+this process's counts into the whole batch's (one process: they are the same), and `MoE.experts`
+may be replaced by a module with the same interface that sends the tokens to other ranks
+(`dlcourse.parallel.expert`).
+
+The capacity rule (when `capacity_factor` is set), stated so that it does not depend on how the
+batch is split over ranks: expert e accepts at most C = ceil(capacity_factor · k · N / E)
+assignments, N the tokens of the *whole* batch. Its queue is ordered by choice first (every
+token's first choice before any second choice, as GShard's Algorithm 1 fills top-1 before top-2),
+then by the token's index in the whole batch (rank r's tokens come after those of ranks < r, as
+`shard_batch` splits the batch in rank order). An assignment is dropped if its place in the queue
+is C or more; the token then gets nothing from that expert (the residual carries it on). Its
+place needs only counts: same-choice assignments to e on earlier tokens of this process, on
+earlier ranks, and all assignments to e of earlier choices. GShard instead gives each group of
+tokens (a device's share) its own capacity, which is cheaper, but what it drops then depends on
+how the batch is split.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def route(logits, k):
+    """Router logits (N, E) -> probs (N, E), weights (N, k) renormalised to sum to 1 over the k
+    chosen, experts (N, k) int64, slot 0 the most likely."""
+    probs = F.softmax(logits, dim=-1)
+    top, experts = probs.topk(k, dim=-1)  # (N, k) each, descending
+    return probs, top / top.sum(dim=-1, keepdim=True), experts
+
+
+def slot_counts(experts, n_experts):
+    """(N, k) expert ids -> (k, E): how many tokens chose expert e as their j-th choice."""
+    return F.one_hot(experts, n_experts).sum(dim=0)
+
+
+def one_process_counts(counts):
+    """The whole batch's counts and those of earlier ranks, from this process's (k, E) counts:
+    one process holds the whole batch, so they are its own, and no rank comes before it."""
+    return counts, torch.zeros_like(counts)
+
+
+def capacity(capacity_factor, n_tokens, k, n_experts):
+    """Assignments one expert accepts: ceil(capacity_factor · k · N / E) (Switch eq. 3, with k)."""
+    return math.ceil(capacity_factor * k * n_tokens / n_experts)
+
+
+def keep_mask(experts, counts_before, batch_counts, cap):
+    """(N, k) bool: True where expert experts[n, j] accepts token n's j-th choice.
+
+    counts_before (k, E): same-choice assignments of earlier ranks; batch_counts (k, E): the
+    whole batch's. Place in e's queue = assignments of earlier choices + same choice on earlier
+    ranks + same choice on earlier tokens here (module docstring); kept iff place < cap."""
+    n_experts = batch_counts.size(1)
+    onehot = F.one_hot(experts, n_experts)  # (N, k, E)
+    earlier_tokens = onehot.cumsum(dim=0) - onehot  # (N, k, E), exclusive running count
+    earlier_choices = batch_counts.cumsum(dim=0) - batch_counts  # (k, E)
+    place = earlier_tokens + counts_before + earlier_choices  # (N, k, E)
+    return place.gather(2, experts.unsqueeze(-1)).squeeze(-1) < cap  # (N, k)
+
+
+def permute(experts, keep, n_experts):
+    """The kept assignments sorted by expert: order (M,) indexes the flat (N·k) assignments
+    (assignment n·k + j is token n's j-th choice), counts (E,) per expert. The sort is stable,
+    so each expert sees its tokens in (token, choice) order."""
+    flat = experts.flatten()  # (N·k,)
+    kept = keep.flatten().nonzero().squeeze(1)  # (M,) in (token, choice) order
+    order = kept[torch.sort(flat[kept], stable=True).indices]  # (M,) grouped by expert
+    return order, torch.bincount(flat[kept], minlength=n_experts)
+
+
+def combine(y, weights, tokens, n_tokens):
+    """Expert outputs y (M, h) in sorted order, their router weights (M,), their tokens (M,)
+    -> (N, h): each token's weighted sum over its kept experts; zeros where none was kept."""
+    out = y.new_zeros(n_tokens, y.size(1))
+    return out.index_add(0, tokens, y * weights.unsqueeze(1))
+
+
+def load_balance_loss(probs, batch_counts):
+    """Switch Transformer's auxiliary loss (Fedus et al. 2021, eq. 4-6) with top-k:
+    E · Σ_e f_e · P_e, 1 when routing is uniform. f_e = share of the batch's k·N assignments that
+    chose e (from the router's choices before any drop; counts carry no gradient; for k = 1 it
+    is Switch's fraction of tokens), P_e = mean router probability of e over this process's
+    tokens. probs (N, E), batch_counts (E,) over the whole batch."""
+    n_experts = probs.size(1)
+    f = batch_counts.to(probs.dtype) / batch_counts.sum()  # (E,), sums to 1
+    return n_experts * (f * probs.mean(dim=0)).sum()
+
+
+class GroupedLinear(nn.Module):
+    """n Linear layers held as one (n, d_out, d_in) weight; rows of x grouped by layer:
+    forward(x (M, d_in), counts (n,)) -> (M, d_out), the first counts[0] rows through layer 0..."""
+
+    def __init__(self, n, d_in, d_out, bias=True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n, d_out, d_in))
+        self.bias = nn.Parameter(torch.empty(n, d_out)) if bias else None
+
+    def forward(self, x, counts, grouped_mm=False):
+        if grouped_mm:
+            return self._grouped_mm(x, counts)
+        pieces = x.split(counts.tolist())  # one (count_e, d_in) piece per layer, empty ones too
+        bias = [None] * len(pieces) if self.bias is None else self.bias
+        return torch.cat([F.linear(p, w, b) for p, w, b in zip(pieces, self.weight, bias)])
+
+    def _grouped_mm(self, x, counts):
+        gmm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+        if gmm is None:
+            raise RuntimeError(f"torch {torch.__version__} has no grouped GEMM; use the loop")
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"grouped_mm takes float32, bfloat16 or float16, got {x.dtype}; "
+                             "use the loop (grouped_mm=False) for float64")
+        offs = counts.cumsum(0).to(torch.int32)  # end row of each group
+        y = gmm(x, self.weight.transpose(-2, -1), offs=offs)  # (M, d_out); no bias on CPU
+        return y if self.bias is None else y + self.bias.repeat_interleave(counts, dim=0)
+
+    def narrow(self, start, n):
+        """A GroupedLinear of layers start..start+n-1: copies of this one's weights."""
+        part = GroupedLinear(n, self.weight.size(2), self.weight.size(1), self.bias is not None)
+        with torch.no_grad():
+            part.weight.copy_(self.weight[start:start + n])
+            if self.bias is not None:
+                part.bias.copy_(self.bias[start:start + n])
+        return part
+
+
+class Experts(nn.Module):
+    """E expert MLPs h -> f -> GELU -> h, the dense `MLPBlock`'s shape each:
+    forward(x (M, h) sorted by expert, counts (E,)) -> (M, h) in the same order."""
+
+    def __init__(self, n_experts, hidden, expert_hidden, bias=True, grouped_mm=False):
+        super().__init__()
+        self.n_experts, self.grouped_mm = n_experts, grouped_mm
+        self.fc = GroupedLinear(n_experts, hidden, expert_hidden, bias)
+        self.proj = GroupedLinear(n_experts, expert_hidden, hidden, bias)
+
+    def forward(self, x, counts):
+        return self.proj(F.gelu(self.fc(x, counts, self.grouped_mm)), counts, self.grouped_mm)
+
+
+class MoE(nn.Module):
+    """The MoE MLP of a block: (B, T, h) -> (B, T, h). After each forward it holds `aux_loss`
+    (this forward's load-balance loss), `tokens_per_expert` (E,) kept assignments this process
+    sent to each expert, and `dropped`: assignments over capacity."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_experts, self.top_k = config.n_experts, config.top_k
+        self.capacity_factor = config.capacity_factor
+        self.router = nn.Linear(config.hidden, config.n_experts, bias=False)
+        self.experts = Experts(config.n_experts, config.hidden, config.ffn_hidden, config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.batch_counts = one_process_counts  # replaced by expert parallelism
+        self.aux_loss = self.tokens_per_expert = self.dropped = None
+
+    def forward(self, x):
+        B, T, h = x.shape
+        x = x.reshape(B * T, h)  # (N, h): every token on its own
+        probs, weights, experts = route(self.router(x), self.top_k)  # (N, E), (N, k), (N, k)
+        batch, before = self.batch_counts(slot_counts(experts, self.n_experts))  # (k, E) each
+        self.aux_loss = load_balance_loss(probs, batch.sum(dim=0))
+        keep = self._keep(experts, before, batch)  # (N, k)
+        order, counts = permute(experts, keep, self.n_experts)  # (M,), (E,)
+        tokens = order // self.top_k  # (M,) the token of each sorted assignment
+        y = self.experts(x[tokens], counts)  # (M, h), sorted by expert
+        out = combine(y, weights.flatten()[order], tokens, B * T)  # (N, h)
+        self.tokens_per_expert, self.dropped = counts, int((~keep).sum())
+        return self.dropout(out.view(B, T, h))
+
+    def _keep(self, experts, before, batch):
+        if self.capacity_factor is None:  # dropless: every assignment is computed
+            return torch.ones_like(experts, dtype=torch.bool)
+        n_tokens = int(batch.sum()) // self.top_k  # the whole batch's tokens
+        cap = capacity(self.capacity_factor, n_tokens, self.top_k, self.n_experts)
+        return keep_mask(experts, before, batch, cap)
