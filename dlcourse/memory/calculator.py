@@ -32,10 +32,11 @@ class ModelSpec:
     bias: bool  # biases in Linear layers and LayerNorm
     tied: bool  # output layer shares the token embedding
     learned_positions: bool  # a position-embedding table (GPT-2) instead of rotary (Llama)
+    dropout: bool = False  # dropout after attention probs, attention output and MLP (GPT-2, GPT-3)
 
 
 _GPT2 = dict(vocab_size=50257, seq_len=1024, gated_mlp=False, bias=True, tied=True,
-             learned_positions=True)
+             learned_positions=True, dropout=True)  # GPT-2: dropout 0.1
 _LLAMA2 = dict(vocab_size=32000, seq_len=4096, gated_mlp=True, bias=False, tied=False,
                learned_positions=False)
 

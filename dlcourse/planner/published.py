@@ -103,7 +103,8 @@ def _torchtitan(name, local_batch, recompute, wps):
 
 
 BLOOM = ModelSpec("BLOOM 176B", 70, 14336, 112, vocab_size=250880, seq_len=2048, ffn=4 * 14336,
-                  kv_heads=112, gated_mlp=False, bias=True, tied=True, learned_positions=False)
+                  kv_heads=112, gated_mlp=False, bias=True, tied=True, learned_positions=False,
+                  dropout=True)  # the slurm sets no --*-dropout: Megatron's default, 0.1
 OMNI_PATH_A100 = replace(A100, name="a100-80gb, 4 x 100 Gb/s Omni-Path a node",
                          inter_bw=4 * 100e9 / 8 / 8)  # 4 links x 100 Gb/s shared by 8 GPUs
 
