@@ -6,8 +6,10 @@ has (`timing.py` for the time terms):
   `dlcourse.memory.model_state_bytes`), for the parameters of the busiest pipeline stage, the
   weight matrices and the vocabulary split over tp (lesson 04), norms replicated; ZeRO-3
   without resharding after forward also holds its stage's gathered bf16 parameters;
-- activations: Korthikanti et al. 2022, Table 2 (lesson 04: tp, sequence parallelism,
-  recomputation), without the s x s scores when the attention kernel is fused, times the
+- activations: each tensor one layer of this model saves (`activations.py`: Korthikanti et
+  al. 2022, Table 2 for GPT-3's layer; Llama's RMSNorm, SwiGLU and grouped-query K/V as they
+  are; lesson 04: tp, sequence parallelism, recomputation), without the s x s scores when the
+  attention kernel is fused, times the
   micro-batches a stage holds at once, counted by lesson 06's `in_flight_peak` over its own
   schedules (1F1B's first stage holds p; interleaving holds p (1 + (p - 1)/(p v)): more, not
   less), plus the fp32 log-probabilities of the loss on the last stage, split over tp;
