@@ -281,33 +281,3 @@ def test_dlcourse_plan_takes_the_attention_kernel_and_prints_the_price_caveat(ca
     first_row = lambda text: text.splitlines()[3]
     assert first_row(fused) != first_row(eager)
 
-
-def test_light_ends_take_a_layer_off_the_first_and_last_chunk_as_llama_3_did():
-    """Dubey et al. 2024 §3.3.2: one layer fewer on the first and last stage; with one layer a
-    chunk, 'the first model chunk on the first stage has only the embedding'."""
-    from dlcourse.planner.estimate import chunk_layers
-
-    assert chunk_layers(126, 16, light_ends=True) == [7] + [8] * 14 + [7]
-    assert chunk_layers(126, 16 * 8, light_ends=True) == [0] + [1] * 126 + [0]
-    assert chunk_layers(126, 16) == [8] * 16
-    for layers, chunks in [(32, 4), (32, 3), (80, 16), (126, 32)]:
-        split = chunk_layers(layers, chunks, light_ends=True)
-        assert sum(split) == layers and max(split) - min(split) <= 2, (layers, chunks, split)
-
-
-def test_light_ends_memory_is_the_busiest_rank_by_lesson_06s_schedule():
-    """With light ends rank 0 holds p micro-batches of a lighter stage and rank 1 p - 1 of a
-    whole one: the planner's memory is the larger, each rank with its own model state."""
-    from dlcourse.parallel.pipeline.measure import in_flight_peak
-    from dlcourse.parallel.pipeline.schedules import one_f_one_b
-    from dlcourse.planner.estimate import _state_bytes, rank_params
-    from dlcourse.planner.timing import layer_activations
-
-    work = Workload(LLAMA7, 4096, 32 * 8 * 4096)
-    layout = Layout(8, 1, 4, zero_stage=1, micro_batches=32, light_ends=True)
-    one = layer_activations(work, layout)
-    log_probs = 4 * 4096 * LLAMA7.vocab_size
-    stage = {0: 7 * one, 1: 9 * one, 2: 9 * one, 3: 7 * one + log_probs}  # 34 slots: 8 9 9 8
-    per_rank = [_state_bytes(rank_params(LLAMA7, layout, r), layout)
-                + in_flight_peak(one_f_one_b(r, 4, 32), {r: stage[r]}) for r in range(4)]
-    assert memory_per_gpu(work, layout) == pytest.approx(max(per_rank), rel=1e-12)

@@ -6,7 +6,8 @@
 Model state is ZeRO's accounting (`model_state_bytes`); activations are Korthikanti et al.'s
 per-layer formula (`activation_bytes`), written for GPT's layer (4h GELU MLP, every head with
 its own keys and values). For Llama's SwiGLU MLP and grouped-query attention it is an
-approximation. Added to it: the fp32 log-probabilities the loss keeps, 4·s·b·V bytes, which
+approximation (lesson 07's planner counts each model's own layer: `dlcourse.planner.activations`).
+Added to it: the fp32 log-probabilities the loss keeps, 4·s·b·V bytes, which
 the course GPT's measurement shows are not small when the vocabulary is large. Not counted:
 temporary buffers, the CUDA context and allocator fragmentation, so leave some headroom.
 """

@@ -65,7 +65,8 @@ def _attention_rows(spec, seq_len, tokens, t, seq, e, m, attention, recompute):
     if attention == "eager":
         # Q K^T and probs V take K and V at the queries' width: grouped-query heads are
         # repeated first (Llama's repeat_kv), and that copy is what the matmuls save.
-        rows.append(("Q, K, V (K and V repeated to every query head)", tokens * 3 * h * e / t, True))
+        rows.append(("Q, K, V (K and V repeated to every query head)",
+                     tokens * 3 * h * e / t, True))
         if recompute == "none":
             scores = tokens * a * seq_len / t  # (b, a/t, s, s) values
             rows.append(("softmax output", scores * e, True))

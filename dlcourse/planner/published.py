@@ -121,10 +121,11 @@ LLAMA3_MEMORY = ("counting each tensor Llama's layer saves (its SwiGLU as plain 
                  "it: the gate, SiLU's output, the up factor and their product, four ffn-wide "
                  "tensors) and with the first and last stages one layer lighter, as Llama 3 "
                  "ran them, the busiest rank still holds about p micro-batches of a whole stage "
-                 "(p - 1 on the second rank, more with interleaving) without recomputation; a SwiGLU kernel that keeps only its two inputs "
-                 "and recomputes SiLU in backward (Megatron-LM's, three ffn-wide tensors with "
-                 "the product) and Llama 3's tuned number of back-to-back micro-batches "
-                 "(§3.3.2) would take that below the limit, but the paper states neither")
+                 "(p - 1 on the second rank, more with interleaving) without recomputation; "
+                 "a SwiGLU kernel that keeps only its two inputs and recomputes SiLU in "
+                 "backward (Megatron-LM's, three ffn-wide tensors with the product) and Llama "
+                 "3's tuned number of back-to-back micro-batches (§3.3.2) would take that "
+                 "below the limit, but the paper states neither")
 
 
 def _llama3(gpus, dp, per_dp, mfu):
