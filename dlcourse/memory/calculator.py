@@ -6,7 +6,8 @@
 Model state is ZeRO's accounting (`model_state_bytes`); activations are Korthikanti et al.'s
 per-layer formula (`activation_bytes`), written for GPT's layer (4h GELU MLP, every head with
 its own keys and values). For Llama's SwiGLU MLP and grouped-query attention it is an
-approximation. Added to it: the fp32 log-probabilities the loss keeps, 4·s·b·V bytes, which
+approximation (lesson 07's planner counts each model's own layer: `dlcourse.planner.activations`).
+Added to it: the fp32 log-probabilities the loss keeps, 4·s·b·V bytes, which
 the course GPT's measurement shows are not small when the vocabulary is large. Not counted:
 temporary buffers, the CUDA context and allocator fragmentation, so leave some headroom.
 """
@@ -32,10 +33,11 @@ class ModelSpec:
     bias: bool  # biases in Linear layers and LayerNorm
     tied: bool  # output layer shares the token embedding
     learned_positions: bool  # a position-embedding table (GPT-2) instead of rotary (Llama)
+    dropout: bool = False  # dropout after attention probs, attention output and MLP (GPT-2, GPT-3)
 
 
 _GPT2 = dict(vocab_size=50257, seq_len=1024, gated_mlp=False, bias=True, tied=True,
-             learned_positions=True)
+             learned_positions=True, dropout=True)  # GPT-2: dropout 0.1
 _LLAMA2 = dict(vocab_size=32000, seq_len=4096, gated_mlp=True, bias=False, tied=False,
                learned_positions=False)
 

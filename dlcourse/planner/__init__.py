@@ -6,6 +6,7 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
                    interleaving), the rules a layout must obey, every valid layout
     estimate.py    bytes per GPU (lesson 06's in-flight count), step time, tokens/s, MFU,
                    $ per million tokens
+    activations.py what one layer of any model saves for backward, tensor by tensor
     timing.py      the step's terms: matmuls, element-wise kernels, Adam, tp / pp / dp traffic
     calibration.py the one measured constant: what a matmul keeps of its MAMF inside a layer
     rank.py        plan(): the ranked table, the Pareto front of cost against time, and why

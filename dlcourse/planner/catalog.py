@@ -8,10 +8,11 @@ from dlcourse.memory.calculator import REAL_MODELS, ModelSpec
 
 
 def megatron_gpt(name, heads, hidden, layers):
-    """A GPT as Narayanan et al. 2021 train it: 4h MLP, vocabulary 51,200, 2,048 tokens."""
+    """A GPT as Narayanan et al. 2021 train it: 4h MLP, vocabulary 51,200, 2,048 tokens,
+    Megatron-LM's default dropout (0.1, which Korthikanti et al. 2022 count)."""
     return ModelSpec(name, layers, hidden, heads, vocab_size=51200, seq_len=2048,
                      ffn=4 * hidden, kv_heads=heads, gated_mlp=False, bias=True, tied=True,
-                     learned_positions=True)
+                     learned_positions=True, dropout=True)
 
 
 # Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3: 126 layers, width 16,384, FFN

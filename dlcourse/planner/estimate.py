@@ -6,8 +6,10 @@ has (`timing.py` for the time terms):
   `dlcourse.memory.model_state_bytes`), for the parameters of the busiest pipeline stage, the
   weight matrices and the vocabulary split over tp (lesson 04), norms replicated; ZeRO-3
   without resharding after forward also holds its stage's gathered bf16 parameters;
-- activations: Korthikanti et al. 2022, Table 2 (lesson 04: tp, sequence parallelism,
-  recomputation), without the s x s scores when the attention kernel is fused, times the
+- activations: each tensor one layer of this model saves (`activations.py`: Korthikanti et
+  al. 2022, Table 2 for GPT-3's layer; Llama's RMSNorm, SwiGLU and grouped-query K/V as they
+  are; lesson 04: tp, sequence parallelism, recomputation), without the s x s scores when the
+  attention kernel is fused, times the
   micro-batches a stage holds at once, counted by lesson 06's `in_flight_peak` over its own
   schedules (1F1B's first stage holds p; interleaving holds p (1 + (p - 1)/(p v)): more, not
   less), plus the fp32 log-probabilities of the loss on the last stage, split over tp;
@@ -67,40 +69,82 @@ def stage_params(spec, layout):
     """Parameters on one GPU of the busiest pipeline stage: ceil(L/p) layers, plus the embedding
     on the first stage (the vocabulary split over tp, the position table whole, as lesson 04 and
     Megatron-LM keep it) or the final norm and head (untied, or a tied copy when p > 1) on the
-    last."""
+    last. With light ends (Llama 3), the most any rank holds (`rank_params`)."""
+    if layout.light_ends:
+        return max(rank_params(spec, layout, r) for r in _candidate_ranks(layout))
     split, replicated = layer_params(spec)
     layers = math.ceil(spec.n_layers / layout.pp) * (split / layout.tp + replicated)
-    head = _head(spec) or (spec.vocab_size * spec.hidden if layout.pp > 1 else 0)
-    final_norm = 2 * spec.hidden if spec.bias else spec.hidden  # replicated on every tp rank
-    positions = spec.seq_len * spec.hidden if spec.learned_positions else 0  # not split (lesson 04)
-    ends = [spec.vocab_size * spec.hidden / layout.tp + positions, head / layout.tp + final_norm]
+    ends = _ends(spec, layout)
     return layers + (sum(ends) if layout.pp == 1 else max(ends))
 
 
-def memory_per_gpu(work, layout):
-    """Bytes on the busiest GPU: its stage's model state, and its activations in flight."""
-    spec, L = work.model, layout
-    n_params = stage_params(spec, L)
+def rank_params(spec, layout, rank):
+    """Parameters on one GPU of pipeline rank `rank`: the layers of its chunks (`chunk_layers`),
+    the embedding on rank 0, the final norm and head on rank p - 1."""
+    split, replicated = layer_params(spec)
+    chunks = chunk_layers(spec.n_layers, layout.pp * layout.interleave, layout.light_ends)
+    layers = sum(chunks[rank::layout.pp]) * (split / layout.tp + replicated)
+    first, last = _ends(spec, layout)
+    return layers + (first if rank == 0 else 0) + (last if rank == layout.pp - 1 else 0)
+
+
+def chunk_layers(n_layers, chunks, light_ends=False):
+    """Layers in each of the pipeline's `chunks` (virtual) stages, in order: ceil(L / chunks)
+    each (the busiest). With light ends, Dubey et al. 2024 §3.3.2 (Llama 3): L + 2 layer
+    slots split as evenly as they go (the spare ones to the chunks after the first), then the
+    first and the last chunk one layer lighter; at one layer a chunk the first holds only the
+    embedding and the last only the head and the loss."""
+    if not light_ends:
+        return [math.ceil(n_layers / chunks)] * chunks
+    base, spare = divmod(n_layers + 2, chunks)
+    slots = [base + (1 <= c <= spare) for c in range(chunks)]
+    return [n - (c in (0, chunks - 1)) for c, n in enumerate(slots)]
+
+
+def _ends(spec, layout):
+    """(first stage's, last stage's) parameters beyond its layers, on one GPU."""
+    head = _head(spec) or (spec.vocab_size * spec.hidden if layout.pp > 1 else 0)
+    final_norm = 2 * spec.hidden if spec.bias else spec.hidden  # replicated on every tp rank
+    positions = spec.seq_len * spec.hidden if spec.learned_positions else 0  # not split (lesson 04)
+    return spec.vocab_size * spec.hidden / layout.tp + positions, head / layout.tp + final_norm
+
+
+def _state_bytes(n_params, L):
     state = model_state_bytes(n_params, dp=L.dp, zero_stage=L.zero_stage).total
     if L.zero_stage == 3 and not L.reshard:  # gathered at forward, kept until backward
         state += BYTES * n_params * (1 - 1 / L.dp)
-    return state + activations_in_flight(work, L)
+    return state
 
 
-def activations_in_flight(work, L):
+def memory_per_gpu(work, layout):
+    """Bytes on the busiest GPU: its stage's model state, and its activations in flight. With
+    light ends the ranks differ in both, so each candidate rank adds its own."""
+    spec, L = work.model, layout
+    if L.light_ends:
+        return max(_state_bytes(rank_params(spec, L, r), L) + activations_in_flight(work, L, {r})
+                   for r in _candidate_ranks(L))
+    return _state_bytes(stage_params(spec, L), L) + activations_in_flight(work, L)
+
+
+def activations_in_flight(work, L, ranks=None):
     """The most activation bytes a pipeline rank holds at once: lesson 06's `in_flight_peak`
     over the rank's 1F1B (v = 1) or interleaved 1F1B action list, each (virtual) stage's
-    micro-batch costing its layers' activations (an interleaved chunk holds L/(p v) layers;
-    the last one adds the loss's fp32 log-probabilities). Ranks 0 (most in flight) and p - 1
-    (the loss) are the candidates for the busiest."""
+    micro-batch costing its layers' activations (`chunk_layers`; the last one adds the loss's
+    fp32 log-probabilities). Ranks 0 (most in flight), 1 (one fewer, but a whole stage when
+    the ends are light) and p - 1 (the loss) are the candidates for the busiest."""
     spec = work.model
     one_layer = layer_activations(work, L)
     log_probs = 4 * work.seq_len * L.micro_batch * spec.vocab_size / L.tp
     chunks = L.pp * L.interleave
-    per_chunk = math.ceil(spec.n_layers / chunks) * one_layer
-    stage_bytes = {s: per_chunk + (log_probs if s == chunks - 1 else 0) for s in range(chunks)}
+    layers = chunk_layers(spec.n_layers, chunks, L.light_ends)
+    stage_bytes = {s: layers[s] * one_layer + (log_probs if s == chunks - 1 else 0)
+                   for s in range(chunks)}
     return max(in_flight_peak(schedule_actions(r, L.pp, L.micro_batches, L.interleave),
-                              stage_bytes) for r in {0, L.pp - 1})
+                              stage_bytes) for r in ranks or _candidate_ranks(L))
+
+
+def _candidate_ranks(L):
+    return {0, min(1, L.pp - 1), L.pp - 1}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -47,6 +47,7 @@ class Layout:
     interleave: int = 1  # v: model chunks per pipeline rank (interleaved 1F1B); 1 = plain 1F1B
     sequence_parallel: bool = field(default=None)  # default: on whenever tp > 1
     reshard: bool = True  # ZeRO-3: free gathered parameters after forward (FSDP's default)
+    light_ends: bool = False  # one layer fewer on the first and last stage (Llama 3, §3.3.2)
 
     def __post_init__(self):
         if self.sequence_parallel is None:
@@ -67,6 +68,8 @@ class Layout:
                                                      else " no-reshard"))
         if self.interleave > 1:
             parts.append(f"v{self.interleave}")
+        if self.light_ends:
+            parts.append("light ends")
         parts.append(f"mb{self.micro_batch}x{self.micro_batches}")
         if self.recompute != "none":
             parts.append(f"{self.recompute} recompute")

@@ -12,8 +12,8 @@ them up). Every term is a count of FLOPs or bytes over a rate the GPU or link ha
 """
 
 from dlcourse.collectives.cost import predict_time
-from dlcourse.memory.accounting import activation_bytes
 from dlcourse.memory.calculator import spec_params
+from dlcourse.planner.activations import layer_activation_bytes
 
 BYTES = 2  # bf16 activations, parameters and gradients (mixed precision)
 ADAM_BYTES = 2 * 12 + 2 + 2  # read + write fp32 master, m, v; read bf16 grad; write bf16 param
@@ -69,20 +69,17 @@ def elementwise_bytes(work, L):
 
 
 def layer_activations(work, L, recompute=None):
-    """Bytes one layer saves for backward for one micro-batch on one tp rank: Korthikanti et
-    al. 2022, Table 2 (`dlcourse.memory.activation_bytes`, bf16 values, 1-byte dropout masks).
-    Eager attention stores the scores (the 5as/h term: softmax output, its dropout mask and
-    the dropout output). The fused kernel (FlashAttention, SDPA) stores none of them: only
-    the row statistics of its softmax, one fp32 logsumexp per head and query (4 a s b / t
-    bytes), beside Q, K, V and the output the table already counts."""
-    spec, recompute = work.model, recompute or L.recompute
-    s, b, a = work.seq_len, L.micro_batch, spec.n_heads
-    if work.attention == "eager" or recompute == "full":
-        return activation_bytes(s, b, spec.hidden, a, 1, L.tp, L.sequence_parallel, recompute,
-                                bytes_per_value=BYTES)
-    no_scores = activation_bytes(s, b, spec.hidden, a, 1, L.tp, L.sequence_parallel,
-                                 "selective", bytes_per_value=BYTES)
-    return no_scores + 4 * a * s * b / L.tp
+    """Bytes one layer saves for backward for one micro-batch on one tp rank, tensor by tensor
+    for the model's own layer (`dlcourse.planner.activations`: dropout or not, GELU or SwiGLU
+    of width ffn, K and V at kv_heads, LayerNorm or RMSNorm; bf16 values, 1-byte dropout
+    masks). For GPT-3's layer it is Korthikanti et al. 2022, Table 2 (plus the norms' fp32
+    statistics). Eager attention stores the s x s scores (and, with dropout, their mask and the
+    dropout output); the fused kernel (FlashAttention, SDPA) stores none of them, only one
+    fp32 logsumexp per head and query beside Q, K, V and its output."""
+    return layer_activation_bytes(work.model, work.seq_len, L.micro_batch, tp=L.tp,
+                                  sequence_parallel=L.sequence_parallel,
+                                  recompute=recompute or L.recompute, attention=work.attention,
+                                  bytes_per_value=BYTES)
 
 
 def ring_time(op, nbytes, ranks, alpha, bandwidth):

@@ -1,0 +1,106 @@
+"""What one transformer layer saves for backward, tensor by tensor, for any `ModelSpec`
+(lesson 07's planner; lesson 01 measures the same tensors with `SavedTensorLog`).
+
+Korthikanti et al. 2022, Table 2 counts GPT-3's layer: LayerNorm, dropout, a 4h GELU MLP and
+as many key/value heads as query heads. Llama's layer differs in four places, each a row below:
+RMSNorm (one statistic per token, not two), no dropout (no masks), a SwiGLU MLP of width ffn
+(three matrices; SiLU and the product save more than GELU does), grouped-query attention (K and
+V kv_heads x head_dim wide). Rotary embeddings multiply by cos/sin tables that depend on the
+position only: autograd saves those tables, not the activations, so they add no row.
+
+    layer_saved_tensors(spec, 4096, 1, tp=8, sequence_parallel=True)  # [(tensor, bytes, paper)]
+
+`paper` is False for the two kinds of rows Table 2 leaves out as small: the norms' fp32
+statistics and the fused kernel's logsumexp. Without them, a GPT-3 layer's rows sum to
+`dlcourse.memory.activation_bytes` exactly (tests/test_planner_activations.py; it also holds
+every row against what autograd saves in a tiny GPT block and a tiny Llama block).
+
+Conventions, as on a GPU with Megatron-style kernels: e bytes a value (2: bf16), m bytes a
+dropout-mask element (1); the norm saves its input and its statistics (fused kernels: Apex,
+Transformer Engine); each Linear saves its input; with sequence parallelism every tensor of
+width h (norm inputs, the inputs of QKV and of the MLP, masks after the residual branches) is
+split along the sequence over the t ranks (Korthikanti §4.2.2), the rest over heads or ffn.
+"""
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+def layer_saved_tensors(spec, seq_len, micro_batch, *, tp=1, sequence_parallel=False,
+                        recompute="none", attention="fused", bytes_per_value=2, mask_bytes=1,
+                        stat_bytes=4):
+    """[(tensor, bytes, paper)] one layer of `spec` saves for one micro-batch of `micro_batch`
+    sequences of `seq_len` tokens on one tensor-parallel rank. recompute: "none", "selective"
+    (the attention scores recomputed), "full" (only the layer's input kept); attention: "fused"
+    (FlashAttention / SDPA: no s x s scores) or "eager" (softmax(QK^T) stored). Bytes: a value,
+    a dropout-mask element, a norm statistic (CUDA: 2, 1 (bool), 4 (fp32); torch's CPU
+    kernels keep masks and LayerNorm statistics in the values' dtype)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if attention not in ("fused", "eager"):
+        raise ValueError(f"attention must be 'fused' or 'eager', got {attention!r}")
+    tokens, t, e, m = seq_len * micro_batch, tp, bytes_per_value, mask_bytes
+    seq = t if sequence_parallel else 1  # the divisor of the h-wide tensors
+    h = spec.hidden
+    if recompute == "full":
+        return [("layer input (the rest recomputed)", tokens * h * e / seq, True)]
+    rows = _attention_rows(spec, seq_len, tokens, t, seq, e, m, attention, recompute)
+    rows += _mlp_rows(spec, tokens, t, seq, e, m)
+    return [(name, nbytes * stat_bytes / 4 if "statistics" in name else nbytes, paper)
+            for name, nbytes, paper in rows]
+
+
+def _norm_rows(spec, name, tokens, seq, e):
+    """A norm saves its input and its per-token statistics: LayerNorm (with bias, GPT) its mean
+    and 1/std, RMSNorm (Llama) its 1/rms, in fp32 (4 bytes; `stat_bytes` rescales)."""
+    stats = 2 if spec.bias else 1
+    return [(f"{name} input", tokens * spec.hidden * e / seq, True),
+            (f"{name} statistics (fp32)", tokens * stats * 4 / seq, False)]
+
+
+def _attention_rows(spec, seq_len, tokens, t, seq, e, m, attention, recompute):
+    h, a = spec.hidden, spec.n_heads
+    kv = spec.kv_heads * (h // a)  # width of K and of V
+    rows = _norm_rows(spec, "norm 1", tokens, seq, e)
+    rows.append(("QKV input", tokens * h * e / seq, True))
+    if attention == "eager":
+        # Q K^T and probs V take K and V at the queries' width: grouped-query heads are
+        # repeated first (Llama's repeat_kv), and that copy is what the matmuls save.
+        rows.append(("Q, K, V (K and V repeated to every query head)",
+                     tokens * 3 * h * e / t, True))
+        if recompute == "none":
+            scores = tokens * a * seq_len / t  # (b, a/t, s, s) values
+            rows.append(("softmax output", scores * e, True))
+            if spec.dropout:  # probs V then saves dropout's output, not softmax's
+                rows += [("attention dropout mask", scores * m, True),
+                         ("attention dropout output", scores * e, True)]
+    else:  # the kernel saves Q, K, V at their own widths, its output and a logsumexp
+        rows.append(("Q, K, V", tokens * (h + 2 * kv) * e / t, True))
+        rows.append(("logsumexp (fp32, one a head and query)", tokens * a * 4 / t, False))
+    # the fused kernel's output, in (b, s, a, d) order, is the projection's input: one storage
+    rows.append(("output projection input", tokens * h * e / t, True))
+    if spec.dropout:
+        rows.append(("dropout mask after attention", tokens * h * m / seq, True))
+    return rows
+
+
+def _mlp_rows(spec, tokens, t, seq, e, m):
+    f = spec.ffn
+    rows = _norm_rows(spec, "norm 2", tokens, seq, e)
+    rows.append(("MLP input", tokens * spec.hidden * e / seq, True))
+    if spec.gated_mlp:  # SwiGLU: down(silu(x W_gate) * (x W_up))
+        rows += [("gate x W_gate (SiLU's input)", tokens * f * e / t, True),
+                 ("SiLU output (a factor of the product)", tokens * f * e / t, True),
+                 ("up x W_up (the other factor)", tokens * f * e / t, True),
+                 ("product (down projection's input)", tokens * f * e / t, True)]
+    else:  # down(gelu(x W_fc))
+        rows += [("x W_fc (GELU's input)", tokens * f * e / t, True),
+                 ("GELU output (down projection's input)", tokens * f * e / t, True)]
+    if spec.dropout:
+        rows.append(("dropout mask after the MLP", tokens * spec.hidden * m / seq, True))
+    return rows
+
+
+def layer_activation_bytes(spec, seq_len, micro_batch, **settings):
+    """The sum of `layer_saved_tensors`: bytes one layer saves on one tp rank."""
+    return sum(nbytes for _, nbytes, _ in layer_saved_tensors(spec, seq_len, micro_batch,
+                                                              **settings))
