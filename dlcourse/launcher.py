@@ -49,9 +49,10 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
 
 def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, **kwargs):
     """`launch` for ranks that run code you do not trust (`dlcourse grade`'s checks run a
-    submission's functions this way): what each rank returns is saved with torch.save and read
-    back with torch.load(weights_only=True), which builds tensors, numbers, strings and lists,
-    tuples and dicts of them and nothing else; a rank's report of how it ended is read by an
+    submission's functions this way): what each rank returns is turned into data in the rank
+    (numpy numbers and arrays, Fractions as Python's: `returned.as_data`), saved with torch.save
+    and read back with torch.load(weights_only=True), which builds tensors, numbers, strings and
+    lists, tuples, dicts and sets of them and nothing else; a rank's report of how it ended is read by an
     unpickler that builds only a `RankOutcome`. No object a rank chose is ever unpickled here."""
     return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=True)
 

@@ -59,7 +59,7 @@ import torch
 import torch.distributed as dist
 
 import dlcourse
-from dlcourse import pickling
+from dlcourse import pickling, returned
 from dlcourse.checks.expect import (CheckFailed, describe, dtype_name,  # noqa: F401
                                     expect_callable, expect_none, expect_tensor,
                                     expect_unchanged, fail, kind, random_tensor)
@@ -171,7 +171,8 @@ def _in_rank(student, rank_args, harness, as_data=False):
     `as_data`: the arguments come back as data (a module or optimizer as None)."""
     args = rank_args[dist.get_rank()]
     value = harness(student, *args) if harness else student(*args)
-    return value, (_data_only(args) if as_data else args)
+    # numpy numbers and arrays, Fractions as Python's, as `dlcourse grade` reads them (data only)
+    return returned.as_data(value), (_data_only(args) if as_data else args)
 
 
 def _data_only(value):
@@ -263,7 +264,7 @@ def _call(fn, args, exercise, where, guard, hint, answer=None):
         with guard(fn) if guard else contextlib.nullcontext() as refused:
             _refuse_copies(refused, fn)
             value = fn(*args)
-        return answer(value, *args) if answer else value
+        return returned.as_data(answer(value, *args) if answer else value)  # as `_in_rank`'s
     except ForbiddenCall as error:
         raise CheckFailed(f"{where}: {error}") from None
     except NotImplementedError as error:
