@@ -180,6 +180,11 @@ G_HINT = ("forward all-reduces (a clone of) x over the group and returns the sum
           "the whole gradient of the sum")
 
 
+IN_PLACE_HINT = ("dist.all_reduce writes its result into the tensor it is given; a layer may "
+                 "still need its own partial output (or autograd may have saved it for "
+                 "backward), so g must not overwrite it: all-reduce a copy and return that")
+
+
 def check_f(f_function, seed=None, timeout=CHECK_TIMEOUT_S):
     """f_function: an autograd Function, `f_function.apply(x, group)`: x on the way into a
     column-parallel layer; forward the identity, backward the all-reduce of the gradient."""
@@ -210,9 +215,9 @@ def _check_function(fn, name, seed, timeout):
         harness = _f_in_rank if name == "f" else _g_in_rank
         got = _run(fn, name, where, F_HINT if name == "f" else G_HINT, harness,
                    (x, linear.weight.detach(), upstream), tp, timeout)
-        for rank, (y, grad) in enumerate(got):
+        for rank, (y, grad, *changed) in enumerate(got):  # g's harness: did x change?
             (_expect_f if name == "f" else _expect_g)(y, grad, x, xr, linear, upstream, tp, rank,
-                                                      where)
+                                                      where, *changed)
     what = ("the identity forward, x's gradient summed over the ranks backward" if name == "f"
             else "the sum of the partial outputs forward, the gradient unchanged backward")
     print(f"{name}: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks): {what}")
@@ -254,11 +259,13 @@ def _g_in_rank(student, x, weight, upstream):
     tp, rank = dist.get_world_size(), dist.get_rank()
     w_r = weight.chunk(tp, dim=1)[rank].clone().requires_grad_()  # (out, in/t)
     partial = x.chunk(tp, dim=-1)[rank] @ w_r.T  # (..., out)
+    before = partial.detach().clone()  # g must leave the caller's tensor as it was
     with student.guarded():
         y = _apply(student, partial)
+        changed = not torch.equal(partial.detach(), before)
         if isinstance(y, torch.Tensor) and y.shape == partial.shape and y.requires_grad:
             (y * upstream).sum().backward()
-    return _detached(y), _detached(w_r.grad)
+    return _detached(y), _detached(w_r.grad), changed
 
 
 def _expect_f(y, grad, x, xr, linear, upstream, tp, rank, where):
@@ -280,7 +287,7 @@ def _expect_f(y, grad, x, xr, linear, upstream, tp, rank, where):
                   tolerance=TOLERANCE, **TOL)
 
 
-def _expect_g(y, grad, x, xr, linear, upstream, tp, rank, where):
+def _expect_g(y, grad, x, xr, linear, upstream, tp, rank, where, changed):
     __tracebackhide__ = True
     w_r = linear.weight.detach().chunk(tp, dim=1)[rank]
     partial = x.chunk(tp, dim=-1)[rank] @ w_r.T
@@ -292,6 +299,9 @@ def _expect_g(y, grad, x, xr, linear, upstream, tp, rank, where):
         hint = "forward averaged the partial outputs: they must be summed (no division by t)"
     expect_tensor(y, expected, where=f"{where}, forward", rank=rank, hint=hint,
                   tolerance=TOLERANCE, **TOL)
+    if changed:
+        fail(f"{where}, forward", rank, "changed the tensor it was given: the caller's partial "
+             "output now holds the sum of every rank's", IN_PLACE_HINT)
     if grad is None:
         fail(f"{where}, backward", rank, "left the gradient of W_r None: backward must return "
              "the gradient for x (and None for the group)", G_HINT)
