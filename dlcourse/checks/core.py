@@ -16,7 +16,8 @@ A topic check in `dlcourse/checks/<topic>.py` looks like this:
 The API:
 - `run_on_ranks(fn, rank_args, exercise=, where=, hint=, forbid=(), why_forbidden="",
   hang_hint="", harness=None, guard=None, timeout=)` runs `fn(*rank_args[r])` (or
-  `harness(fn, *rank_args[r])`) on rank r of `len(rank_args)` gloo ranks
+  `harness(fn, *rank_args[r])`) on rank r of `len(rank_args)` gloo ranks (rank r is sent
+  `rank_args[r]` only: give it its shard, never the whole, and its code cannot read the whole)
   and returns, in rank order, `(value, args_after)`: what the rank returned and its arguments
   after the call (to catch a function that changes its caller's tensors). A rank that raises,
   a function not written yet (`NotImplementedError`), and a job still running after `timeout`
@@ -56,7 +57,6 @@ import random
 import secrets
 
 import torch
-import torch.distributed as dist
 
 import dlcourse
 from dlcourse import pickling, returned
@@ -67,7 +67,7 @@ from dlcourse.checks.refuse import (ForbiddenCall, Refused, forbidden, none_name
                                     refusal, replaced)
 from dlcourse.checks.stubs import is_stub_text, not_written, stub_message
 from dlcourse.errors import RankError, RankTimeout
-from dlcourse.launcher import launch_as_data
+from dlcourse.launcher import PerRank, launch_as_data
 
 # A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
 # torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
@@ -108,7 +108,8 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     start = launch_as_data if submitted else dlcourse.launch
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
-        return start(_in_rank, student, rank_args, harness, submitted,
+        # each rank gets its own arguments only: none can read another's (or the whole)
+        return start(_in_rank, student, PerRank(rank_args), harness, submitted,
                      world_size=world_size, backend="gloo", timeout=timeout)
     except RankTimeout as error:
         raise CheckFailed(
@@ -166,10 +167,10 @@ def _explain(exercise, where, hint, error):
     return f"{where}: rank {error.rank} {summary}{hint}\n\n{error.traceback}"
 
 
-def _in_rank(student, rank_args, harness, as_data=False):
-    """Runs in every rank: the student's function (inside its guards), or the check's harness.
-    `as_data`: the arguments come back as data (a module or optimizer as None)."""
-    args = rank_args[dist.get_rank()]
+def _in_rank(student, args, harness, as_data=False):
+    """Runs in every rank, on this rank's arguments: the student's function (inside its
+    guards), or the check's harness. `as_data`: the arguments come back as data (a module or
+    optimizer as None)."""
     value = harness(student, *args) if harness else student(*args)
     # numpy numbers and arrays, Fractions as Python's, as `dlcourse grade` reads them (data only)
     return returned.as_data(value), (_data_only(args) if as_data else args)
