@@ -27,7 +27,9 @@ The API:
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it
-  for "build it from send/recv" exercises. The guard is installed before the student's function
+  for "build it from send/recv" exercises. Every check refuses the c10d store too (`no_store`):
+  data does not go from rank to rank through the rendezvous's key-value store.
+  The guard is installed before the student's function
   is unpickled, so `from torch.distributed import all_reduce` in the notebook is caught too.
   The same collectives are refused at torch's dispatcher too, so a `ProcessGroup` method or a
   functional collective is caught ("called all_reduce (through the process group), ..."); a
@@ -63,8 +65,8 @@ from dlcourse import pickling, returned
 from dlcourse.checks.expect import (CheckFailed, describe, dtype_name,  # noqa: F401
                                     expect_callable, expect_none, expect_tensor,
                                     expect_unchanged, fail, kind, random_tensor)
-from dlcourse.checks.refuse import (ForbiddenCall, Refused, forbidden, none_named,  # noqa: F401
-                                    refusal, replaced)
+from dlcourse.checks.refuse import (ForbiddenCall, Refused, forbidden, no_store,  # noqa: F401
+                                    none_named, refusal, replaced)
 from dlcourse.checks.stubs import is_stub_text, not_written, stub_message
 from dlcourse.errors import RankError, RankTimeout
 from dlcourse.launcher import PerRank, launch_as_data
@@ -136,7 +138,7 @@ class StudentCode:
     def guarded(self):
         """The exercise's refusals, active; a copy of a refused function that the student's
         function holds (made before the guard, or rebuilt by pickling) is refused too."""
-        with forbidden(self.forbid, self.why_forbidden), none_named(), \
+        with forbidden(self.forbid, self.why_forbidden), none_named(), no_store(), \
                 (self.guard() if self.guard else contextlib.nullcontext()) as refused:
             _refuse_copies(refused, self.fn)
             yield

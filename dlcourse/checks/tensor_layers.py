@@ -214,6 +214,13 @@ def _expect_loss(got, loss, grad, mine, targets, tp, rank, where):
                           f"a {largest}-byte {op}), as much as a rank's whole logits "
                           f"({tuple(mine.shape)}, {whole} bytes): the loss must not gather the "
                           "logits", "communicate only a few numbers per token: " + LOSS_HINT)
+    least = 2 * len(targets) * mine.element_size()  # the normalizer and the target's logit
+    if moved < least:  # of each token, from other ranks: no collective brings less
+        fail(where, rank, f"moved {moved} bytes in {len(collectives)} collectives, less than "
+                          f"{least}: every rank needs, for each of the {len(targets)} tokens, the "
+                          "whole vocabulary's sum of exp and the target's logit, which only "
+                          "collectives may bring (data moved another way does not count)",
+             LOSS_HINT)
     hint = LOSS_HINT
     if isinstance(value, torch.Tensor) and not torch.isfinite(value).all():
         hint = ("exp of a logit near 750 overflows: subtract the max over the whole vocabulary "
