@@ -7,9 +7,11 @@ two numbers a token."""
 
 import os
 import pickle
+import shutil
 import tempfile
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -18,6 +20,12 @@ from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor_parallel import check_vocab_parallel_cross_entropy
 
 SHARED = tempfile.mkdtemp(prefix="dlcourse-side-")  # a folder every rank can read
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_shared():
+    yield
+    shutil.rmtree(SHARED, ignore_errors=True)
 
 
 def _store():
@@ -62,7 +70,7 @@ def exchange_through_a_file(tensor, peer, group):
 
 
 def _stats(logits, targets, group):
-    """This rank's (row max, sum of exp below it, the target's logit where it holds it)."""
+    """This rank's (row max, which targets it holds, their logits (0 elsewhere))."""
     v = logits.shape[1]
     local = targets - dist.get_rank(group) * v
     held = (local >= 0) & (local < v)
@@ -71,19 +79,22 @@ def _stats(logits, targets, group):
     return m, held, picked
 
 
-def _loss(logits, targets, m_all, s_others, t_others, held, picked):
+def _loss(logits, m_all, s_others, t_others, held, picked):
+    """The mean cross-entropy, differentiable in this rank's logits: log of the whole sum of
+    exp (this rank's, plus the others' as numbers), less the target's logit."""
     s_mine = torch.exp(logits - m_all[:, None]).sum(dim=1)
     target = torch.where(held, picked, t_others)
     return (torch.log(s_mine + s_others) + m_all - target).mean()
 
 
 def _sum_exp(entry, m_all):
-    return entry[3] * torch.exp(entry[0] - m_all)  # sum of exp(logit - own max), rescaled
+    """A rank's sum of exp(logit - its max), rescaled to the whole max."""
+    return entry[3] * torch.exp(entry[0] - m_all)
 
 
 def _with_sums(logits, stats):
-    m = stats[0]
-    return (*stats, torch.exp(logits.detach() - m[:, None]).sum(dim=1))
+    """`stats` and this rank's sum of exp(logit - its own max)."""
+    return (*stats, torch.exp(logits.detach() - stats[0][:, None]).sum(dim=1))
 
 
 def _by_store(rank, tp, stats, targets):
@@ -106,7 +117,7 @@ def loss_channel(channel):
         m_all = torch.stack([e[0] for e in everyone]).max(dim=0).values
         s_others = sum(_sum_exp(e, m_all) for r, e in enumerate(everyone) if r != rank)
         t_others = sum(e[2] for r, e in enumerate(everyone) if r != rank)
-        return _loss(logits, targets, m_all, s_others, t_others, held, picked)
+        return _loss(logits, m_all, s_others, t_others, held, picked)
     return loss
 
 
