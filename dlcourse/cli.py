@@ -139,7 +139,9 @@ def exercises(args):
 
 
 def grade(args):
-    """Grade notebooks (or folders of them) with nbval: a table each, optionally a CSV."""
+    """Grade notebooks (or folders of them) with nbval: a table each, optionally a CSV. Exit 0:
+    full points everywhere; 1: points lost; 2: bad arguments; 3: stopped, as this machine cannot
+    run a notebook (a kernel or the checking process cannot start): no student is given 0."""
     from dlcourse.grading import grade as grading, gradebook
 
     if not (args.cell_timeout > 0 and args.notebook_timeout > 0):
@@ -160,8 +162,13 @@ def grade(args):
         notebooks = [nb for nb in notebooks if not book.has(nb)]
         print(f"resuming {args.csv}: its {len(book.kept)} row(s) are kept, "
               f"{len(notebooks)} notebook(s) left to grade (delete it to grade all again)")
-    submissions = grading.grade_all(notebooks, args.cell_timeout, args.notebook_timeout,
-                                    reference, on_graded=book.write if book else None)
+    try:
+        submissions = grading.grade_all(notebooks, args.cell_timeout, args.notebook_timeout,
+                                        reference, on_graded=book.write if book else None)
+    except grading.CannotGrade as error:  # the machine's fault: no 0 is written for anyone
+        kept = f"; the gradebook {args.csv} keeps the rows graded before" if book else ""
+        print(f"dlcourse grade: STOPPED, nothing more graded: {error}{kept}", file=sys.stderr)
+        return 3
     gradebook.align(submissions, grading.expected_graders(reference))
     for submission in submissions:  # after align: every table lists every exercise
         print("\n" + "\n".join(gradebook.table(submission)))

@@ -27,7 +27,18 @@ DEFAULT_TIMEOUT_S = 60.0  # a lesson cell's job runs in seconds; a deadlock show
 # 24.8 days. 24 days, less the process group's margin, stays below it.
 MAX_TIMEOUT_S = 24 * 24 * 3600.0 - worker.PROCESS_GROUP_MARGIN_S
 
-__all__ = ["launch", "launch_as_data", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S"]
+__all__ = ["launch", "launch_as_data", "PerRank", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S",
+           "MAX_TIMEOUT_S"]
+
+
+class PerRank:
+    """An argument of `launch` that differs by rank: rank r is called with `values[r]`, and its
+    job carries that value only, not the other ranks'. A check gives each rank its shard this
+    way, so a rank's code cannot read the whole (lesson 04: `dlcourse.checks.core.run_on_ranks`).
+    """
+
+    def __init__(self, values):
+        self.values = list(values)
 
 
 def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, **kwargs):
@@ -41,6 +52,8 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
     `errors.RankOutcome` data); a job still running at the deadline raises `RankTimeout`. At
     most `MAX_TIMEOUT_S` (24 days): the longest wait the operating system's select takes.
 
+    An argument wrapped in `PerRank([v0, v1, ...])` is `v_r` on rank r (and only there).
+
     Inside a rank that is already launched (torchrun, or a rank of this launcher) `fn` runs in the
     current process under the existing process group and `[result]` is returned.
     """
@@ -49,20 +62,25 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
 
 def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, **kwargs):
     """`launch` for ranks that run code you do not trust (`dlcourse grade`'s checks run a
-    submission's functions this way): what each rank returns is saved with torch.save and read
-    back with torch.load(weights_only=True), which builds tensors, numbers, strings and lists,
-    tuples and dicts of them and nothing else; a rank's report of how it ended is read by an
-    unpickler that builds only a `RankOutcome`. No object a rank chose is ever unpickled here."""
+    submission's functions this way): what each rank returns is turned into data in the rank
+    (numpy numbers and arrays, Fractions as Python's: `returned.as_data`), saved with torch.save
+    and read back with torch.load(weights_only=True), which builds tensors, numbers, strings and
+    lists, tuples, dicts and sets of them and nothing else; a rank's report of how it ended is
+    read by an unpickler that builds only a `RankOutcome`. No object a rank chose is ever
+    unpickled here."""
     return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=True)
 
 
 def _launch(fn, args, kwargs, world_size, backend, timeout, as_data):
-    _check_arguments(fn, world_size, backend, timeout)
+    _check_arguments(fn, world_size, backend, timeout, args, kwargs)
     if backends.in_launched_rank():
         return [_run_in_this_rank(fn, args, kwargs, world_size, backend, timeout)]
     check_main_guard()
     backend, why = backends.choose(backend, world_size)
-    payload = _pickle_job(fn, args, kwargs)
+    if any(isinstance(v, PerRank) for v in [*args, *kwargs.values()]):
+        payloads = [_pickle_job(fn, *_for_rank(r, args, kwargs)) for r in range(world_size)]
+    else:  # the same job for every rank: pickled once
+        payloads = [_pickle_job(fn, args, kwargs)] * world_size
     if why:
         print(f"dlcourse.launch: {world_size} ranks on {backend} ({why})")
     threads = max(1, cpu_cores() // world_size)
@@ -71,7 +89,7 @@ def _launch(fn, args, kwargs, world_size, backend, timeout, as_data):
     jobs = [
         worker.RankJob(rank, world_size, backend, threads, store.port, timeout, payload, sources,
                        as_data)
-        for rank in range(world_size)
+        for rank, payload in enumerate(payloads)
     ]
     try:
         return supervise.run_ranks(_forkserver(), jobs, timeout)
@@ -81,9 +99,20 @@ def _launch(fn, args, kwargs, world_size, backend, timeout, as_data):
         del store  # closes the rendezvous port
 
 
-def _check_arguments(fn, world_size, backend, timeout):
+def _for_rank(rank, args, kwargs):
+    """(args, kwargs) of `rank`'s call: each `PerRank` argument replaced by its value."""
+    def pick(value):
+        return value.values[rank] if isinstance(value, PerRank) else value
+    return tuple(map(pick, args)), {k: pick(v) for k, v in kwargs.items()}
+
+
+def _check_arguments(fn, world_size, backend, timeout, args=(), kwargs=None):
     if not callable(fn):
         raise TypeError(f"launch needs a function to run on every rank, got {type(fn).__name__}")
+    for value in [*args, *(kwargs or {}).values()]:
+        if isinstance(value, PerRank) and len(value.values) != world_size:
+            raise ValueError(f"a PerRank argument holds {len(value.values)} values, one a rank: "
+                             f"world_size is {world_size}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a whole number of ranks >= 1, got {world_size!r}")
     if backend not in backends.NAMES:
@@ -156,6 +185,7 @@ def _run_in_this_rank(fn, args, kwargs, world_size, backend, timeout):
             backend, timeout=backends.timedelta_s(timeout + worker.PROCESS_GROUP_MARGIN_S))
         # Left to interpreter exit, gloo's threads can abort the process ("terminate called").
         atexit.register(_destroy_process_group)
+    args, kwargs = _for_rank(dist.get_rank(), args, kwargs)
     return fn(*args, **kwargs)
 
 

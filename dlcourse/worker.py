@@ -7,7 +7,6 @@ group, runs the function, and sends back one message: its return value or how it
 
 import ctypes
 import faulthandler
-import io
 import linecache
 import multiprocessing
 import os
@@ -25,7 +24,7 @@ from multiprocessing import forkserver, reduction
 import torch
 import torch.distributed as dist
 
-from dlcourse import pickling
+from dlcourse import pickling, returned
 from dlcourse.errors import RAISED, RETURNED, RankOutcome
 
 # The process group's own timeout (a collective that waits longer raises) is the job's timeout
@@ -213,38 +212,23 @@ def _join_process_group(job):
     )
 
 
-def _data_kind(value):
-    """'a Foo', or for a container, the first thing inside it that is not data."""
-    items = value.values() if isinstance(value, dict) else value
-    if isinstance(value, (list, tuple, dict)):
-        for item in items:
-            try:
-                torch.load(io.BytesIO(_saved(item)), weights_only=True)
-            except Exception:
-                return f"a {type(value).__name__} holding {_data_kind(item)}"
-    return f"a {type(value).__module__}.{type(value).__qualname__}".replace(" builtins.", " ")
-
-
-def _saved(value):
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
 def _result(value, rank, as_data=False):
-    """(outcome, the value pickled) to send to the parent; `as_data`: saved by torch.save and
-    read back here as the parent will read it (`torch.load(weights_only=True)`), so a value
-    that is not data fails in the rank, with its type named."""
+    """(outcome, the value pickled) to send to the parent; `as_data`: turned into data
+    (`returned.as_data`), saved by torch.save and read back here as the parent will read it
+    (`torch.load(weights_only=True)`), so a value that is not data fails in the rank, with its
+    type named."""
     try:
         if as_data:
-            saved = _saved(value)
-            torch.load(io.BytesIO(saved), weights_only=True)
+            value = returned.as_data(value)  # a numpy number, a Fraction: as Python's
+            saved = returned.saved(value)
+            returned.loads_as_data(saved)
             return RankOutcome(rank, RETURNED, time=time.monotonic()), saved
         return RankOutcome(rank, RETURNED, time=time.monotonic()), pickling.dumps(value)
     except Exception as error:
         if as_data:  # torch's message is about checkpoints; say what the rank sent instead
-            message = (f"rank {rank} returned {_data_kind(value)}, but this launch reads only "
-                       "data. Return tensors, numbers, strings, or lists, tuples and dicts of them.")
+            message = (f"rank {rank} returned {returned.kind(value)}, but this launch reads only "
+                       "data. Return tensors, numbers (numpy's and Fractions too), strings, or "
+                       "lists, tuples, dicts and sets of them.")
         else:
             message = (f"rank {rank} returned a {type(value).__name__}, which cannot be pickled "
                        f"to send back ({error}). Return tensors, numbers, or lists and dicts of them.")

@@ -136,6 +136,14 @@ def warm_up_p_minus_rank(rank, n_stages, n_micro):
     return actions + [("B", i) for i in range(n_micro - warm_up, n_micro)]
 
 
+def warm_up_not_capped(rank, n_stages, n_micro):  # right while n_micro >= p - rank - 1
+    warm_up = n_stages - rank - 1
+    actions = [("F", i) for i in range(warm_up)]
+    for i in range(n_micro - warm_up):
+        actions += [("F", warm_up + i), ("B", i)]
+    return actions + [("B", i) for i in range(n_micro - warm_up, n_micro)]
+
+
 def backward_first_in_steady_state(rank, n_stages, n_micro):
     warm_up = min(n_stages - rank - 1, n_micro)
     actions = [("F", i) for i in range(warm_up)]
@@ -200,6 +208,7 @@ def test_schedule_1f1b_passes(answer, capsys):
 @pytest.mark.parametrize("answer, says, hint", [
     (warm_up_p_minus_rank, "rank ? holds", "the warm-up is p - rank - 1"),
     (gpipe, "rank ? holds", "the warm-up is p - rank - 1"),
+    (warm_up_not_capped, "rank 0 runs actions[", "min(p - rank - 1, n_micro) forwards"),
     (backward_first_in_steady_state, "rank ? runs actions[", "a forward (the newest), then"),
     (warm_up_of_rank, "rank ? waits forever (deadlock): rank 0 at actions[", "follow 1F1B"),
     (warm_up_for_four_stages, "rank ?", ""),

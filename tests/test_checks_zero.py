@@ -218,6 +218,20 @@ def zero_step_all_reduce_by_process_group(params, master, optimizer, group):  # 
     _write_back(params, full)
 
 
+def zero_step_all_reduce_from_all_gather(params, master, optimizer, group):  # by name: allowed
+    N, s, r = dist.get_world_size(group), master.numel(), dist.get_rank(group)
+    flat = F.pad(_grad_flat(params, master.dtype), (0, N * s - sum(p.numel() for p in params)))
+    everyone = torch.empty(N * N * s, dtype=master.dtype)
+    dist.all_gather_single(everyone, flat, group=group)  # every rank's whole gradient
+    master.grad = everyone.view(N, N * s).sum(dim=0)[r * s:(r + 1) * s] / N  # all-reduce, rebuilt
+    for p in params:
+        p.grad = None
+    optimizer.step()
+    full = torch.empty(N * s, dtype=master.dtype)
+    dist.all_gather_single(full, master.detach(), group=group)
+    _write_back(params, full)
+
+
 def zero_step_padding_per_shard(params, master, optimizer, group):  # right when N divides Ψ
     """Splits the unpadded buffer into N near-equal pieces and pads each: padding lands between
     the pieces, and in the parameters after the gather."""
@@ -259,6 +273,8 @@ def test_zero_step_passes_correct_answers(answer, capsys):
     (zero_step_all_reduce_by_process_group, ("rank ? called all_reduce (through the process group)",
                                              "rank ? all-reduced in step 1"), "reduce-scatter"),
     (zero_step_padding_per_shard, "rank ? returned wrong values", "padded on its own"),
+    (zero_step_all_reduce_from_all_gather, "rank ? reduce-scattered 0 bytes in step 1",
+     "reduce-scatter of the whole padded buffer"),
     (zero_step_with_torch_zero, "rank ? called torch's ZeroRedundancyOptimizer", ""),
     (zero_step_with_captured_torch_zero, "rank ? ", ""),
 ])

@@ -1,10 +1,16 @@
 """Issue 16's grading items: nothing a submission starts outlives its grading, even processes
-that leave its session or process group (setsid, a double fork)."""
+that leave its session or process group (setsid, a double fork). Issue 28's: a class graded from
+a venv under /tmp gets its points, and a machine that cannot start a kernel stops the grading
+instead of writing a 0 for every student."""
 
 import csv
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import uuid
+import venv
 from pathlib import Path
 
 import nbformat
@@ -13,7 +19,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from conftest import wait_gone
 from dlcourse import cli
-from dlcourse.grading import grade
+from dlcourse.grading import grade, nbrun
 from test_grading_cli import ROOT, _processes_marked
 
 REFERENCE = ROOT / "exercises" / "00_launch.ipynb"
@@ -108,3 +114,65 @@ def test_a_submission_runs_sandboxed_and_the_gradebook_says_how(tmp_path, capsys
     else:
         assert row["isolation"] == "none"
         assert "WARNING: no sandbox" in capsys.readouterr().err
+
+
+PASSES = new_code_cell("assert True", metadata={"dlcourse": {"grader": "ran", "points": 1}})
+
+
+def test_a_class_graded_from_a_venv_under_tmp_gets_its_points(tmp_path):
+    with tempfile.TemporaryDirectory(dir="/tmp") as where:  # what the sandbox's /tmp hides
+        venv.create(where, system_site_packages=True, symlinks=True)  # no pip: 0.1 s
+        nbformat.write(new_notebook(cells=[PASSES]), str(tmp_path / "good.ipynb"))
+        book = tmp_path / "gb.csv"
+        done = subprocess.run([str(Path(where, "bin", "python")), "-m", "dlcourse.cli", "grade",
+                               str(tmp_path / "good.ipynb"), "--csv", str(book)],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr  # 3: the kernel could not start in the sandbox
+    row = next(csv.DictReader(open(book)))
+    assert row["ran"] == "1", row["notes"]
+    assert row["isolation"] == ("bubblewrap" if shutil.which("bwrap") else "none")
+
+
+def test_a_kernel_that_cannot_start_stops_the_class_without_writing_zeros(tmp_path, monkeypatch,
+                                                                          capsys):
+    for name in ("a", "b"):
+        nbformat.write(new_notebook(cells=[PASSES]), str(tmp_path / f"{name}.ipynb"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))  # as a hidden venv is
+    book = tmp_path / "gb.csv"
+    assert cli.main(["grade", str(tmp_path), "--csv", str(book)]) == 3
+    first = capsys.readouterr().err.strip().splitlines()[-1]  # after a no-sandbox warning
+    assert first.startswith("dlcourse grade: STOPPED, nothing more graded: a kernel cannot "
+                            "start"), first
+    assert "no-python" in first  # the cause, as the failed start said it
+    assert not book.exists()  # no row of zeros for a or b
+
+
+KILLS_ITS_GRADER = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)  # pytest, nbval"
+
+
+def test_a_submission_that_kills_its_run_gets_0_and_the_class_goes_on(tmp_path):
+    """Nothing of it ran, as when a kernel cannot start; the probe starts one, so the fault is
+    the submission's: it gets its 0 and its row (exit 1), and grading does not stop (exit 3)."""
+    nbformat.write(new_notebook(cells=[new_code_cell(KILLS_ITS_GRADER), PASSES]),
+                   str(tmp_path / "a.ipynb"))
+    assert cli.main(["grade", str(tmp_path / "a.ipynb"), "--csv", str(tmp_path / "gb.csv")]) == 1
+    row = next(csv.DictReader(open(tmp_path / "gb.csv")))
+    assert row["ran"] == "0" and "nbval ran no cell" in row["notes"], row["notes"]
+
+
+LOOK = "import os, sys; print(sorted(os.listdir(sys.argv[1])), os.path.exists(sys.argv[2]))"
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="the sandbox needs bubblewrap")
+def test_python_inside_the_class_folder_is_bound_back_and_nothing_else(tmp_path, monkeypatch):
+    folder = tmp_path / "class"  # the cwd of `dlcourse grade .`, with a venv in it
+    (folder / "venv").mkdir(parents=True)
+    (folder / "venv" / "site.py").write_text("")
+    (folder / "other.ipynb").write_text("{}")  # another student's submission
+    monkeypatch.setattr(sys, "path", [*sys.path, str(folder), str(folder / "venv")])
+    work = tmp_path / "work"
+    work.mkdir()
+    returncode, output = nbrun.Run(str(work), str(work), folder)(
+        [sys.executable, "-c", LOOK, str(folder), str(folder / "venv" / "site.py")], 30)
+    assert (returncode, output.split()) == (0, ["['venv']", "True"]), output

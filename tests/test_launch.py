@@ -40,6 +40,22 @@ def test_lambdas_closures_and_kwargs_travel_by_value():
     assert dlcourse.launch(lambda: dist.get_rank() * 10, world_size=2, backend="gloo") == [0, 10]
 
 
+def test_a_per_rank_argument_reaches_its_rank_only():
+    from dlcourse.launcher import PerRank
+
+    def what_this_rank_holds(mine, *, common):
+        import gc
+        held = {int(t.sum()) for t in gc.get_objects()
+                if type(t) is torch.Tensor and t.numel() == 2}
+        return int(mine.sum()), sorted(held & {1, 5}), common  # rank 0's sum is 1, rank 1's 5
+
+    shards = PerRank([torch.tensor([0, 1]), torch.tensor([2, 3])])
+    assert dlcourse.launch(what_this_rank_holds, shards, common="c", world_size=2,
+                           backend="gloo") == [(1, [1], "c"), (5, [5], "c")]
+    with pytest.raises(ValueError, match="a PerRank argument holds 2 values, one a rank"):
+        dlcourse.launch(what_this_rank_holds, shards, common=1, world_size=3, backend="gloo")
+
+
 def test_rank_output_is_printed_with_its_rank(capsys):
     def talk():
         print(f"hello from {dist.get_rank()}")

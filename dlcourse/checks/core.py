@@ -16,7 +16,8 @@ A topic check in `dlcourse/checks/<topic>.py` looks like this:
 The API:
 - `run_on_ranks(fn, rank_args, exercise=, where=, hint=, forbid=(), why_forbidden="",
   hang_hint="", harness=None, guard=None, timeout=)` runs `fn(*rank_args[r])` (or
-  `harness(fn, *rank_args[r])`) on rank r of `len(rank_args)` gloo ranks
+  `harness(fn, *rank_args[r])`) on rank r of `len(rank_args)` gloo ranks (rank r is sent
+  `rank_args[r]` only: give it its shard, never the whole, and its code cannot read the whole)
   and returns, in rank order, `(value, args_after)`: what the rank returned and its arguments
   after the call (to catch a function that changes its caller's tensors). A rank that raises,
   a function not written yet (`NotImplementedError`), and a job still running after `timeout`
@@ -26,7 +27,9 @@ The API:
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it
-  for "build it from send/recv" exercises. The guard is installed before the student's function
+  for "build it from send/recv" exercises. Every check refuses the c10d store too (`no_store`):
+  data does not go from rank to rank through the rendezvous's key-value store.
+  The guard is installed before the student's function
   is unpickled, so `from torch.distributed import all_reduce` in the notebook is caught too.
   The same collectives are refused at torch's dispatcher too, so a `ProcessGroup` method or a
   functional collective is caught ("called all_reduce (through the process group), ..."); a
@@ -56,18 +59,17 @@ import random
 import secrets
 
 import torch
-import torch.distributed as dist
 
 import dlcourse
-from dlcourse import pickling
+from dlcourse import pickling, returned
 from dlcourse.checks.expect import (CheckFailed, describe, dtype_name,  # noqa: F401
                                     expect_callable, expect_none, expect_tensor,
                                     expect_unchanged, fail, kind, random_tensor)
-from dlcourse.checks.refuse import (ForbiddenCall, Refused, forbidden, none_named,  # noqa: F401
-                                    refusal, replaced)
+from dlcourse.checks.refuse import (ForbiddenCall, Refused, forbidden, no_store,  # noqa: F401
+                                    none_named, refusal, replaced)
 from dlcourse.checks.stubs import is_stub_text, not_written, stub_message
 from dlcourse.errors import RankError, RankTimeout
-from dlcourse.launcher import launch_as_data
+from dlcourse.launcher import PerRank, launch_as_data
 
 # A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
 # torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
@@ -108,7 +110,8 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     start = launch_as_data if submitted else dlcourse.launch
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
-        return start(_in_rank, student, rank_args, harness, submitted,
+        # each rank gets its own arguments only: none can read another's (or the whole)
+        return start(_in_rank, student, PerRank(rank_args), harness, submitted,
                      world_size=world_size, backend="gloo", timeout=timeout)
     except RankTimeout as error:
         raise CheckFailed(
@@ -135,7 +138,7 @@ class StudentCode:
     def guarded(self):
         """The exercise's refusals, active; a copy of a refused function that the student's
         function holds (made before the guard, or rebuilt by pickling) is refused too."""
-        with forbidden(self.forbid, self.why_forbidden), none_named(), \
+        with forbidden(self.forbid, self.why_forbidden), none_named(), no_store(), \
                 (self.guard() if self.guard else contextlib.nullcontext()) as refused:
             _refuse_copies(refused, self.fn)
             yield
@@ -166,12 +169,13 @@ def _explain(exercise, where, hint, error):
     return f"{where}: rank {error.rank} {summary}{hint}\n\n{error.traceback}"
 
 
-def _in_rank(student, rank_args, harness, as_data=False):
-    """Runs in every rank: the student's function (inside its guards), or the check's harness.
-    `as_data`: the arguments come back as data (a module or optimizer as None)."""
-    args = rank_args[dist.get_rank()]
+def _in_rank(student, args, harness, as_data=False):
+    """Runs in every rank, on this rank's arguments: the student's function (inside its
+    guards), or the check's harness. `as_data`: the arguments come back as data (a module or
+    optimizer as None)."""
     value = harness(student, *args) if harness else student(*args)
-    return value, (_data_only(args) if as_data else args)
+    # numpy numbers and arrays, Fractions as Python's, as `dlcourse grade` reads them (data only)
+    return returned.as_data(value), (_data_only(args) if as_data else args)
 
 
 def _data_only(value):
@@ -263,7 +267,7 @@ def _call(fn, args, exercise, where, guard, hint, answer=None):
         with guard(fn) if guard else contextlib.nullcontext() as refused:
             _refuse_copies(refused, fn)
             value = fn(*args)
-        return answer(value, *args) if answer else value
+        return returned.as_data(answer(value, *args) if answer else value)  # as `_in_rank`'s
     except ForbiddenCall as error:
         raise CheckFailed(f"{where}: {error}") from None
     except NotImplementedError as error:

@@ -24,6 +24,7 @@ from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, call_in_process,
                                   expect_callable, fail, fresh_cases, kind, run_on_ranks)
 from dlcourse.checks.schedules import check_last_stage_backward, check_schedule_1f1b
 from dlcourse.checks.stages import join, refuse_pipelines, refusing_pipelines, stage_counts
+from dlcourse.collectives.counter import CommCounter
 
 __all__ = ["check_stage_boundaries", "check_exchange", "check_last_stage_backward",
            "check_schedule_1f1b", "check_bubble_fraction"]
@@ -199,21 +200,36 @@ def _check_exchange_case(exchange, p, rng, timeout):
                             hang_hint=EXCHANGE_HANG, harness=_exchange_in_rank,
                             guard=refuse_pipelines, timeout=timeout)
     for r, (results, _) in enumerate(outcomes):
-        for (q, own), (got, after) in zip(calls[r], results):
+        for (q, own), (got, after, moved) in zip(calls[r], results):
             if not torch.equal(after, own):
                 fail(where, r, f"changed the tensor it sent to rank {q} in place: the caller "
                                "still needs it (it is the stage's activation)", EXCHANGE_HINT)
             _expect_received(got, sent, r, q, where)
+            _expect_moved(moved, own, r, q, where)
 
 
 def _exchange_in_rank(student, calls):
-    """Runs in every rank: one exchange with each neighbour, in the order the calls pair up."""
+    """Runs in every rank: one exchange with each neighbour, in the order the calls pair up,
+    and the bytes each one sent and received (send/recv, by `CommCounter`)."""
     results = []
     for peer, tensor in calls:
         mine = tensor.clone()
-        got = student(mine, peer, dist.group.WORLD)
-        results.append((got, mine))
+        with CommCounter() as comm:
+            got = student(mine, peer, dist.group.WORLD)
+        moved = {op: sum(r.nbytes for r in comm.records if r.op == op) for op in ("send", "recv")}
+        results.append((got, mine, moved))
     return results
+
+
+def _expect_moved(moved, tensor, r, q, where):
+    """The exchange sent and received at least the tensor's bytes through send/recv."""
+    __tracebackhide__ = True
+    size = tensor.numel() * tensor.element_size()
+    for op, verb in (("send", "sent"), ("recv", "received")):
+        if moved[op] < size:
+            fail(where, r, f"{verb} {moved[op]} bytes through {op} in the exchange with rank {q}, "
+                           f"less than the {size}-byte tensor: data between stages goes through "
+                           "send and recv (moved another way, it does not count)", EXCHANGE_HINT)
 
 
 def _expect_received(got, sent, r, q, where):

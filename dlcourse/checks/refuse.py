@@ -12,11 +12,15 @@ calls the library's own. Three ways in, three guards (all undone when the check 
 - `forbidden(names, why)`: torch.distributed's functions of those names raise, and so does the
   collective itself when it reaches torch's dispatcher by another road (a `ProcessGroup`
   method, the functional collectives), which lesson 02's `CommCounter` also watches.
+- `no_store()`: every c10d store refuses to be read or written (the default group's, or a
+  TCPStore the student makes): data between ranks goes through collectives or send/recv, which
+  a check can count, not through the rendezvous's key-value store.
 """
 
 import contextlib
 import types
 
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -220,3 +224,43 @@ def _none_check(name, original):
         return original(*args, **kwargs)
 
     return call
+
+
+# What a c10d store does, all defined once on the base class that every store (TCPStore,
+# FileStore, HashStore, PrefixStore) inherits: set, get, add, ... (torch/csrc/distributed/c10d).
+_STORE = torch._C._distributed_c10d.Store
+_STORE_METHODS = ("set", "get", "add", "append", "compare_set", "multi_get", "multi_set", "wait",
+                  "check", "delete_key", "num_keys", "list_keys", "queue_push", "queue_pop",
+                  "queue_len", "barrier", "clone")
+WHY_STORE = ("the store is where ranks find each other, not a channel for data: move tensors "
+             "with collectives or send/recv")
+
+
+@contextlib.contextmanager
+def no_store():
+    """While the block runs, every method of every c10d store raises ForbiddenCall (the default
+    group's, `distributed_c10d._get_default_store()`, included), and so does making a TCPStore,
+    FileStore or HashStore. Process groups use their store from C++, and go on working."""
+    saved = [(_STORE, name, _STORE.__dict__[name]) for name in _STORE_METHODS
+             if name in _STORE.__dict__]
+    saved += [(kind, "__init__", kind.__dict__["__init__"]) for kind in _NEW_STORES]
+    for kind, name, _ in saved:
+        what = f"Store.{name}" if kind is _STORE else f"a new {kind.__name__}"
+        setattr(kind, name, _store_refusal(what))
+    try:
+        yield
+    finally:
+        for kind, name, original in saved:
+            setattr(kind, name, original)
+
+
+# Stores a student could make to talk through (PrefixStore stays: dist.new_group makes one).
+_NEW_STORES = (dist.TCPStore, dist.FileStore, dist.HashStore)
+
+
+def _store_refusal(what):
+    def refuse(*args, **kwargs):
+        raise ForbiddenCall(f"used the c10d store ({what}), which this exercise does not allow: "
+                            f"{WHY_STORE}")
+
+    return refuse

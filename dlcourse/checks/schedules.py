@@ -102,6 +102,10 @@ def schedule_problem(schedules, n_micro):
     return None
 
 
+WARM_UP_CAP = ("with fewer micro-batches than stages ahead, the warm-up runs out of them: it "
+               "is min(p - rank - 1, n_micro) forwards, then the remaining backwards")
+
+
 def _rank_problem(actions, n_micro):
     """(problem, hint) if one rank's list is not m forwards and m backwards, each forward before
     its backward."""
@@ -114,7 +118,7 @@ def _rank_problem(actions, n_micro):
         what, i = action
         if not 0 <= i < n_micro:
             return (f"runs actions[{step}] = {action}, but micro-batches are 0 to {n_micro - 1}",
-                    form)
+                    WARM_UP_CAP if what == "F" and i >= n_micro else form)
         if action in seen:
             return (f"runs {action} twice: actions[{seen[action]}] and actions[{step}]",
                     "each micro-batch's forward and backward run once per step")
@@ -149,7 +153,9 @@ def check_schedule_1f1b(schedule_1f1b, timeout=RUN_TIMEOUT_S, *, rng):
     __tracebackhide__ = True
     expect_callable(schedule_1f1b, "schedule_1f1b")
     ps = rng.sample([2, 3, 4, 5], 3)  # p = 4 at most once
-    ms = [rng.randint(p, 2 * p + 2) for p in ps[:2]] + [rng.randint(1, ps[2])]  # m <= p too
+    ps.append(ps.pop(ps.index(max(ps))))  # the largest, 4 or 5, last:
+    # fewer micro-batches than p - 1 there, so rank 0's warm-up must stop at m
+    ms = [rng.randint(p, 2 * p + 2) for p in ps[:2]] + [rng.randint(1, ps[2] - 2)]
     for p, m in zip(ps, ms):
         chain = _chain(rng, p)
         _check_schedule_case(schedule_1f1b, chain, m, rng.randint(1, 3), timeout)

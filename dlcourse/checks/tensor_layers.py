@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail, kind,
                                   random_tensor, run_on_ranks)
-from dlcourse.checks.tensor_library import draw, draw_tp_sizes, refuse_tensor_library
+from dlcourse.checks.tensor_library import draw, draw_tp_sizes, refuse_tensor_library, wide_seed
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.models import CausalSelfAttention, GPTConfig
 
@@ -168,7 +168,7 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, seed=None,
     seed, rng = draw(seed)
     for i, tp in enumerate(draw_tp_sizes(rng)):
         n, per_rank = rng.randint(3, 12), rng.randint(8, 12)
-        logits = 3 * random_tensor((n, tp * per_rank), torch.float64, rng.randrange(10**6))
+        logits = 3 * random_tensor((n, tp * per_rank), torch.float64, wide_seed(rng))
         if i == 0:
             logits[::2] += 750.0  # exp(750) overflows float64: the max must come off first
         targets = torch.tensor([rng.randrange(tp * per_rank) for _ in range(n)])
@@ -177,7 +177,8 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, seed=None,
         whole = logits.clone().requires_grad_()
         loss = F.cross_entropy(whole, targets)  # one process, the whole logits
         loss.backward()
-        outcomes = run_on_ranks(vocab_parallel_cross_entropy, [(logits, targets)] * tp,
+        outcomes = run_on_ranks(vocab_parallel_cross_entropy,  # rank r: its (N, V/t) only
+                                [(mine.clone(), targets) for mine in logits.chunk(tp, dim=-1)],
                                 exercise=name, where=where, hint=LOSS_HINT,
                                 harness=_loss_in_rank, guard=refuse_tensor_library,
                                 timeout=timeout)
@@ -189,11 +190,10 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, seed=None,
           "gathered")
 
 
-def _loss_in_rank(student, logits, targets):
-    """Runs in every rank: the student's loss of this rank's logits, its backward, and the
-    size of every collective both made."""
-    tp, rank = dist.get_world_size(), dist.get_rank()
-    mine = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()  # (N, V/t)
+def _loss_in_rank(student, mine, targets):
+    """Runs in every rank, which holds its logits (N, V/t) and the targets (N,) only: the
+    student's loss, its backward, and the size of every collective both made."""
+    mine = mine.requires_grad_()
     with CommCounter() as comm, student.guarded():  # the backward runs the student's code too
         loss = student.fn(mine, targets.clone(), dist.group.WORLD)
         backward = isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad
@@ -214,6 +214,13 @@ def _expect_loss(got, loss, grad, mine, targets, tp, rank, where):
                           f"a {largest}-byte {op}), as much as a rank's whole logits "
                           f"({tuple(mine.shape)}, {whole} bytes): the loss must not gather the "
                           "logits", "communicate only a few numbers per token: " + LOSS_HINT)
+    least = 2 * len(targets) * mine.element_size()  # the normalizer and the target's logit
+    if moved < least:  # of each token, from other ranks: no collective brings less
+        fail(where, rank, f"moved {moved} bytes in {len(collectives)} collectives, less than "
+                          f"{least}: every rank needs, for each of the {len(targets)} tokens, the "
+                          "whole vocabulary's sum of exp and the target's logit, which only "
+                          "collectives may bring (data moved another way does not count)",
+             LOSS_HINT)
     hint = LOSS_HINT
     if isinstance(value, torch.Tensor) and not torch.isfinite(value).all():
         hint = ("exp of a logit near 750 overflows: subtract the max over the whole vocabulary "

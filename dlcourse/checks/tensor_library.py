@@ -20,9 +20,16 @@ TORCH_ANSWERS = [("torch.distributed.tensor.parallel", name) for name in (
 
 
 def draw(seed=None):
-    """(seed, rng) of this run's cases: `seed` replays a run, else a fresh one is drawn."""
-    seed = random.SystemRandom().randrange(10**6) if seed is None else seed
+    """(seed, rng) of this run's cases: `seed` replays a run, else a fresh one is drawn, one of
+    2**31: too many to try them all within a check's time limit and find its tensors."""
+    seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     return seed, random.Random(seed)
+
+
+def wide_seed(rng):
+    """A seed for one tensor (`random_tensor`), one of 2**62: a rank that holds one tensor of a
+    case cannot find it, and from it the case's other tensors, by trying seeds."""
+    return rng.randrange(2**62)
 
 
 def draw_tp_sizes(rng):

@@ -23,7 +23,8 @@ import torch.nn as nn
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, Submitted, expect_callable, expect_tensor,
                                   fail, kind, random_tensor, run_on_ranks)
 from dlcourse.checks.tensor_layers import check_qkv_shard, check_vocab_parallel_cross_entropy
-from dlcourse.checks.tensor_library import draw, draw_tp_sizes, refuse_tensor_library
+from dlcourse.checks.tensor_library import (draw, draw_tp_sizes, refuse_tensor_library,
+                                            wide_seed)
 
 __all__ = ["check_column_parallel_linear", "check_row_parallel_linear", "check_f", "check_g",
            "check_qkv_shard", "check_vocab_parallel_cross_entropy"]
@@ -45,13 +46,12 @@ def _linear(rng, tp, bias, split):
     n_in = tp * rng.randint(1, 4) if split == "in" else rng.randint(1, 6)
     n_out = tp * rng.randint(1, 4) if split == "out" else rng.randint(1, 6)
     linear = nn.Linear(n_in, n_out, bias=bias, dtype=torch.float64)
-    seed = rng.randrange(10**6)
-    with torch.no_grad():
-        linear.weight.copy_(random_tensor(linear.weight.shape, torch.float64, seed))
+    with torch.no_grad():  # a seed of its own each, from 2**62: x does not give W's away
+        linear.weight.copy_(random_tensor(linear.weight.shape, torch.float64, wide_seed(rng)))
         if bias:
-            linear.bias.copy_(random_tensor((n_out,), torch.float64, seed + 1))
+            linear.bias.copy_(random_tensor((n_out,), torch.float64, wide_seed(rng)))
     lead = rng.choice([(rng.randint(1, 5),), (rng.randint(1, 3), rng.randint(1, 4))])
-    return linear, random_tensor((*lead, n_in), torch.float64, seed + 2)
+    return linear, random_tensor((*lead, n_in), torch.float64, wide_seed(rng))
 
 
 def _where(exercise, tp, linear, x, seed):
@@ -60,10 +60,16 @@ def _where(exercise, tp, linear, x, seed):
             f"{bias}), x of shape {tuple(x.shape)}, seed {seed}")
 
 
-def _run(fn, exercise, where, hint, harness, args, tp, timeout):
+def _run(fn, exercise, where, hint, harness, rank_args, timeout):
+    """The harness's value on every rank; rank r is sent `rank_args[r]`, its shard only."""
     return [value for value, _ in run_on_ranks(
-        fn, [args] * tp, exercise=exercise, where=where, hint=hint, harness=harness,
+        fn, rank_args, exercise=exercise, where=where, hint=hint, harness=harness,
         guard=refuse_tensor_library, timeout=timeout)]
+
+
+def _shards(tensor, tp, dim):
+    """Rank r's piece of `tensor` (None stays None), cut into tp along `dim`, for r in order."""
+    return [None] * tp if tensor is None else [t.clone() for t in tensor.chunk(tp, dim=dim)]
 
 
 def _detached(value):
@@ -87,9 +93,9 @@ def check_column_parallel_linear(column_parallel_linear, seed=None, timeout=CHEC
         linear, x = _linear(rng, tp, bias=i != 1, split="out")
         where = _where("column_parallel_linear", tp, linear, x, seed)
         expected = linear(x).detach()
-        args = (x, linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+        rows, bias = _shards(linear.weight.detach(), tp, 0), _shards(_bias(linear), tp, 0)
         got = _run(column_parallel_linear, "column_parallel_linear", where, COLUMN_HINT,
-                   _column_in_rank, args, tp, timeout)
+                   _column_in_rank, [(x, rows[r], bias[r]) for r in range(tp)], timeout)
         for rank, y in enumerate(got):
             expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
                           hint=_column_hint(y, expected, linear, x, tp), **TOL)
@@ -97,12 +103,14 @@ def check_column_parallel_linear(column_parallel_linear, seed=None, timeout=CHEC
           "with and without bias; 1 and 2 leading dims), equal to nn.Linear on every rank")
 
 
-def _column_in_rank(student, x, weight, bias):
-    """Runs in every rank: this rank's rows of W and entries of b, the student's output."""
-    tp, rank = dist.get_world_size(), dist.get_rank()
-    w_r = weight.chunk(tp, dim=0)[rank].clone()  # (out/t, in)
-    b_r = None if bias is None else bias.chunk(tp)[rank].clone()  # (out/t,)
-    return _detached(student(x.clone(), w_r, b_r, dist.group.WORLD))
+def _column_in_rank(student, x, w_r, b_r):
+    """Runs in every rank, which holds x (..., in), its rows of W (out/t, in) and its entries
+    of b (out/t,) only: the student's output."""
+    return _detached(student(x, w_r, b_r, dist.group.WORLD))
+
+
+def _bias(linear):
+    return None if linear.bias is None else linear.bias.detach()
 
 
 def _column_hint(y, expected, linear, x, tp):
@@ -137,9 +145,9 @@ def check_row_parallel_linear(row_parallel_linear, seed=None, timeout=CHECK_TIME
         linear, x = _linear(rng, tp, bias=i != 2, split="in")
         where = _where("row_parallel_linear", tp, linear, x, seed)
         expected = linear(x).detach()
-        args = (x, linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+        columns = _shards(linear.weight.detach(), tp, 1)
         got = _run(row_parallel_linear, "row_parallel_linear", where, ROW_HINT, _row_in_rank,
-                   args, tp, timeout)
+                   [(x, columns[r], _bias(linear)) for r in range(tp)], timeout)
         for rank, y in enumerate(got):
             expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
                           hint=_row_hint(y, expected, linear, x, tp, rank), **TOL)
@@ -147,12 +155,10 @@ def check_row_parallel_linear(row_parallel_linear, seed=None, timeout=CHECK_TIME
           "with and without bias), equal to nn.Linear on every rank, the bias added once")
 
 
-def _row_in_rank(student, x, weight, bias):
-    """Runs in every rank: this rank's columns of W, the whole bias, the student's output."""
-    tp, rank = dist.get_world_size(), dist.get_rank()
-    w_r = weight.chunk(tp, dim=1)[rank].clone()  # (out, in/t)
-    b = None if bias is None else bias.clone()  # (out,), the same on every rank
-    return _detached(student(x.clone(), w_r, b, dist.group.WORLD))
+def _row_in_rank(student, x, w_r, b):
+    """Runs in every rank, which holds x (..., in), its columns of W (out, in/t) and the whole
+    bias (out,) only: the student's output."""
+    return _detached(student(x, w_r, b, dist.group.WORLD))
 
 
 def _row_hint(y, expected, linear, x, tp, rank):
@@ -180,6 +186,11 @@ G_HINT = ("forward all-reduces (a clone of) x over the group and returns the sum
           "the whole gradient of the sum")
 
 
+IN_PLACE_HINT = ("dist.all_reduce writes its result into the tensor it is given; a layer may "
+                 "still need its own partial output (or autograd may have saved it for "
+                 "backward), so g must not overwrite it: all-reduce a copy and return that")
+
+
 def check_f(f_function, seed=None, timeout=CHECK_TIMEOUT_S):
     """f_function: an autograd Function, `f_function.apply(x, group)`: x on the way into a
     column-parallel layer; forward the identity, backward the all-reduce of the gradient."""
@@ -203,16 +214,17 @@ def _check_function(fn, name, seed, timeout):
     for tp in draw_tp_sizes(rng):
         split = "out" if name == "f" else "in"  # f enters a column layer, g leaves a row layer
         linear, x = _linear(rng, tp, bias=False, split=split)
-        upstream = random_tensor(linear(x).shape, torch.float64, rng.randrange(10**6))
+        upstream = random_tensor(linear(x).shape, torch.float64, wide_seed(rng))
         where = _where(name, tp, linear, x, seed)
         xr = x.clone().requires_grad_()
         (linear(xr) * upstream).sum().backward()  # one process: the whole layer's gradients
-        harness = _f_in_rank if name == "f" else _g_in_rank
-        got = _run(fn, name, where, F_HINT if name == "f" else G_HINT, harness,
-                   (x, linear.weight.detach(), upstream), tp, timeout)
-        for rank, (y, grad) in enumerate(got):
+        harness, rank_args = ((_f_in_rank, _f_shards(x, linear, upstream, tp)) if name == "f"
+                              else (_g_in_rank, _g_shards(x, linear, upstream, tp)))
+        got = _run(fn, name, where, F_HINT if name == "f" else G_HINT, harness, rank_args,
+                   timeout)
+        for rank, (y, grad, *changed) in enumerate(got):  # g's harness: did x change?
             (_expect_f if name == "f" else _expect_g)(y, grad, x, xr, linear, upstream, tp, rank,
-                                                      where)
+                                                      where, *changed)
     what = ("the identity forward, x's gradient summed over the ranks backward" if name == "f"
             else "the sum of the partial outputs forward, the gradient unchanged backward")
     print(f"{name}: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks): {what}")
@@ -235,30 +247,45 @@ def _apply(student, x):
     return student.fn.apply(x, dist.group.WORLD)
 
 
-def _f_in_rank(student, x, weight, upstream):
-    """Runs in every rank: y = f(x) feeds this rank's rows of W (a column-parallel layer); the
-    gradient of its output block flows back through the student's backward."""
-    tp, rank = dist.get_world_size(), dist.get_rank()
-    x = x.clone().requires_grad_()
-    w_r = weight.chunk(tp, dim=0)[rank]  # (out/t, in)
+def _f_shards(x, linear, upstream, tp):
+    """Rank r's (x, its rows of W, its block of the upstream gradient): f's backward must sum
+    x's gradient shares, which no rank can compute alone."""
+    rows, ups = _shards(linear.weight.detach(), tp, 0), _shards(upstream, tp, -1)
+    return [(x, rows[r], ups[r]) for r in range(tp)]
+
+
+def _g_shards(x, linear, upstream, tp):
+    """Rank r's (its slice of x's last dim, its columns of W, the upstream gradient): g's forward
+    must sum the partial outputs, which no rank can compute alone."""
+    xs, columns = _shards(x, tp, -1), _shards(linear.weight.detach(), tp, 1)
+    return [(xs[r], columns[r], upstream) for r in range(tp)]
+
+
+def _f_in_rank(student, x, w_r, up_r):
+    """Runs in every rank: y = f(x) feeds this rank's rows of W, w_r (out/t, in), a
+    column-parallel layer; the gradient of its output block, up_r (..., out/t), flows back
+    through the student's backward."""
+    x = x.requires_grad_()
     with student.guarded():  # forward and backward both run the student's code
         y = _apply(student, x)
         if isinstance(y, torch.Tensor) and y.shape == x.shape and y.requires_grad:
-            (y @ w_r.T * upstream.chunk(tp, dim=-1)[rank]).sum().backward()
+            (y @ w_r.T * up_r).sum().backward()
     return _detached(y), _detached(x.grad)
 
 
-def _g_in_rank(student, x, weight, upstream):
-    """Runs in every rank: this rank's partial output x_r W_r^T goes through g; every rank then
-    has the same loss, whose gradient must reach W_r unchanged."""
-    tp, rank = dist.get_world_size(), dist.get_rank()
-    w_r = weight.chunk(tp, dim=1)[rank].clone().requires_grad_()  # (out, in/t)
-    partial = x.chunk(tp, dim=-1)[rank] @ w_r.T  # (..., out)
+def _g_in_rank(student, x_r, w_r, upstream):
+    """Runs in every rank: this rank's partial output x_r W_r^T (x_r (..., in/t), W_r (out,
+    in/t)) goes through g; every rank then has the same loss, whose gradient must reach W_r
+    unchanged."""
+    w_r = w_r.requires_grad_()
+    partial = x_r @ w_r.T  # (..., out)
+    before = partial.detach().clone()  # g must leave the caller's tensor as it was
     with student.guarded():
         y = _apply(student, partial)
+        changed = not torch.equal(partial.detach(), before)
         if isinstance(y, torch.Tensor) and y.shape == partial.shape and y.requires_grad:
             (y * upstream).sum().backward()
-    return _detached(y), _detached(w_r.grad)
+    return _detached(y), _detached(w_r.grad), changed
 
 
 def _expect_f(y, grad, x, xr, linear, upstream, tp, rank, where):
@@ -280,7 +307,7 @@ def _expect_f(y, grad, x, xr, linear, upstream, tp, rank, where):
                   tolerance=TOLERANCE, **TOL)
 
 
-def _expect_g(y, grad, x, xr, linear, upstream, tp, rank, where):
+def _expect_g(y, grad, x, xr, linear, upstream, tp, rank, where, changed):
     __tracebackhide__ = True
     w_r = linear.weight.detach().chunk(tp, dim=1)[rank]
     partial = x.chunk(tp, dim=-1)[rank] @ w_r.T
@@ -292,6 +319,9 @@ def _expect_g(y, grad, x, xr, linear, upstream, tp, rank, where):
         hint = "forward averaged the partial outputs: they must be summed (no division by t)"
     expect_tensor(y, expected, where=f"{where}, forward", rank=rank, hint=hint,
                   tolerance=TOLERANCE, **TOL)
+    if changed:
+        fail(f"{where}, forward", rank, "changed the tensor it was given: the caller's partial "
+             "output now holds the sum of every rank's", IN_PLACE_HINT)
     if grad is None:
         fail(f"{where}, backward", rank, "left the gradient of W_r None: backward must return "
              "the gradient for x (and None for the group)", G_HINT)

@@ -106,8 +106,42 @@ def _step_in_rank(spec, zero_step, steps):
         records.append({"weights": snapshot(model), "master": master.detach().clone(),
                         "master_grad": None if grad is None else grad.detach().clone(),
                         "held": storage_bytes(p.grad for p in params if p.grad is not None),
-                        "ops": [r.op for r in comm.records]})
+                        "ops": [r.op for r in comm.records], "moved": _moved(comm.records),
+                        "buffer": W * master.numel() * master.element_size()})
     return records
+
+
+def _moved(records):
+    """{collective: bytes} of a step (`CommRecord.nbytes`: reduce-scatter's whole input,
+    all-gather's whole output)."""
+    moved = {}
+    for record in records:
+        moved[record.op] = moved.get(record.op, 0) + record.nbytes
+    return moved
+
+
+# What a correct step makes: one reduce-scatter of the N x s gradient buffer, one all-gather of
+# the N x s masters (`CommRecord.nbytes`: the whole buffer each); a barrier moves nothing.
+STEP_COLLECTIVES = ("reduce_scatter", "all_gather", "barrier")
+
+
+def _expect_collectives(record, k, rank, where):
+    """The step's collectives by kind and bytes: an all-reduce rebuilt from others (an
+    all-gather of the gradients, summed) fails like the all-reduce itself."""
+    __tracebackhide__ = True
+    moved, buffer = record["moved"], record["buffer"]
+    other = sorted(op for op in moved if op not in STEP_COLLECTIVES)
+    if moved.get("reduce_scatter", 0) < buffer:
+        made = ", ".join(f"{op} {moved[op]} bytes" for op in sorted(moved)) or "no collective"
+        fail(where, rank, f"reduce-scattered {moved.get('reduce_scatter', 0)} bytes in step {k}, "
+                          f"not the {buffer}-byte gradient buffer (N x s elements); it made: "
+                          f"{made}", "the gradient is averaged by a reduce-scatter of the whole "
+                                     "padded buffer, each rank receiving its shard only")
+    if moved.get("all_gather", 0) > buffer or other:
+        fail(where, rank, f"moved more than the step needs in step {k}: "
+                          f"{', '.join(f'{op} {moved[op]} bytes' for op in sorted(moved))}, "
+                          f"where a reduce-scatter and an all-gather of {buffer} bytes each do it",
+             "all-gather the stepped masters only, never the gradients")
 
 
 def _expect_shard(spec, record, expected, steps, k, rank, W, where):
@@ -116,6 +150,7 @@ def _expect_shard(spec, record, expected, steps, k, rank, W, where):
     if "all_reduce" in record["ops"]:
         fail(where, rank, f"all-reduced in step {k}: stage 1 reduce-scatters, so each rank "
                           "gets only the average of its own shard (Ψ / N, not Ψ)", STEP_HINT)
+    _expect_collectives(record, k, rank, where)
     want_grad = padded_shard(flat_of(_whole_gradient(spec, expected, steps, k)), W, rank)
     names = list(expected[0])
     if record["master_grad"] is not None:

@@ -8,17 +8,21 @@ the exercises and points are the reference's.
 
 Whatever a submission does (crash the kernel, loop forever, fail to parse, not be a notebook,
 lose its grader cells) it gets a `Submission` with the reason, and the next one is graded. Each
-runs in a sandbox where bubblewrap is installed (`nbrun.isolation`), and nothing it started
-outlives its grading (`nbrun.end_family`).
+runs in a sandbox where bubblewrap is installed (`sandbox.isolation`), and nothing it started
+outlives its grading (`nbrun.end_family`). What is not a submission's fault (a kernel that cannot
+start on this machine, a checking process that cannot run) is not scored: `grade_notebook`
+raises `CannotGrade` (`probe.py`), and the class waits until the machine is fixed.
 """
 
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlcourse.grading import verdicts
+from dlcourse.grading import probe, verdicts
 from dlcourse.grading.nbresults import reason_of
-from dlcourse.grading.nbrun import CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, isolation, run_cells
+from dlcourse.grading.nbrun import (CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, isolation, no_cell_ran,
+                                    run_cells)
+from dlcourse.grading.probe import CannotGrade  # noqa: F401 (what grade_notebook may raise)
 from dlcourse.grading.notebooks import METADATA_KEY, GraderMarkError, grader_cells, read
 
 MISSING = "no grader cell for this exercise in the notebook"
@@ -98,7 +102,9 @@ def grade_all(notebooks, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_
 
 def grade_notebook(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEOUT_S,
                    reference=None):
-    """Run one notebook under nbval and score its grader cells (`reference`: see above)."""
+    """Run one notebook under nbval and score its grader cells (`reference`: see above).
+    Raises CannotGrade where nothing of it ran, or no verdict came back, and a notebook of the
+    grader's own fails the same way: the fault is the machine's, not the submission's."""
     submission, expected = Submission(Path(path)), expected_graders(reference)
     try:
         nb = read(path)
@@ -117,6 +123,11 @@ def grade_notebook(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_
         decided = {}
         cells, problem = run_cells(path, cell_timeout, notebook_timeout, nb=nb, sandbox=True,
                                    after=lambda run: decided.update(_decide(run, calls, notebook_timeout)))
+        folder = Path(path).resolve().parent  # the machine's fault, or the submission's?
+        if no_cell_ran(cells, problem):
+            probe.kernel_starts(folder, cell_timeout, notebook_timeout)
+        elif "problem" in decided:
+            probe.checking_process_runs(folder, notebook_timeout)
         submission.isolation = isolation()
         submission.notes += [problem] if problem else []
         submission.results = [_score(g, cells.get(g.code_cell), problem, g.code_cell in calls,

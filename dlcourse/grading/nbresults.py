@@ -4,7 +4,7 @@ cell nbval ran, so the grader can turn cells into points (see `dlcourse/grading/
     python -m pytest --nbval-lax -p dlcourse.grading.nbresults --dlcourse-results FILE nb.ipynb
 
 Each line is {"cell": <code cell index>, "outcome": "passed" | "failed" | "skipped",
-"reason": <first line of the failure>}. Lines are flushed as they are written, so the cells that
+"reason": <first line of the failure>, "kernel": <False where the kernel never started>}. Lines are flushed as they are written, so the cells that
 finished before the notebook ran out of time are still there when the grader kills the run.
 
 It also makes nbval notice a dead kernel at once. nbval waits for a cell's reply for the whole
@@ -79,7 +79,8 @@ def pytest_runtest_makereport(item, call):
             if outcome == "passed" and _error_output(item) is not None:
                 outcome = "failed"
             line = {"cell": item.cell_num, "outcome": outcome,
-                    "reason": _reason(item, call, report, outcome)}
+                    "reason": _reason(item, call, report, outcome),
+                    "kernel": item.parent.kernel is not None}  # False: it never started
             results.write(json.dumps(line) + "\n")
             results.flush()
     return report

@@ -7,10 +7,8 @@ cells that finished, so they still count.
 """
 
 import ctypes
-import functools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +16,8 @@ import tempfile
 from pathlib import Path
 
 import nbformat
+
+from dlcourse.grading.sandbox import BUBBLEWRAP, in_bubblewrap, isolation
 
 CELL_TIMEOUT_S = 60.0  # a grader cell runs a few short launches; a minute means a stuck cell
 NOTEBOOK_TIMEOUT_S = 300.0  # kernel start + every cell; an exercise notebook takes ~10 s
@@ -55,10 +55,20 @@ def run_cells(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEO
             after(run)
     if returncode is None:
         return cells, f"not reached: the notebook ran past its {notebook_timeout:g} s time limit"
-    if returncode not in (0, 1) and not cells:  # pytest itself failed: usage, collection, ...
+    if not cells:  # pytest, or the sandbox around it, failed before any cell: see `no_cell_ran`
         tail = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
-        return cells, f"nbval could not run the notebook (pytest exit {returncode}): {tail[0]}"
+        return cells, f"{NO_CELL_RAN} (pytest exit {returncode}): {tail[0]}"
     return cells, ""
+
+
+NO_CELL_RAN = "nbval ran no cell"
+
+
+def no_cell_ran(cells, problem):
+    """True where nothing of the notebook ran: no cell's result came back, or every result says
+    the kernel never started. Not a submission's doing as a rule (its code runs only in a kernel
+    that started), so `dlcourse grade` then checks the machine (`grade.CannotGrade`)."""
+    return problem.startswith(NO_CELL_RAN) or not any(c.get("kernel") for c in cells.values())
 
 
 class Run:
@@ -72,64 +82,8 @@ class Run:
     def __call__(self, command, seconds, stdin=None):
         """(exit code, output) of `command`, or (None, output) past `seconds`."""
         if self.hide is not None and isolation() == BUBBLEWRAP:
-            command = _in_bubblewrap(command, self.folder, hide=self.hide)
+            command = in_bubblewrap(command, self.folder, hide=self.hide)
         return _run_with_limit(command, seconds, stdin)
-
-
-BUBBLEWRAP, NONE = "bubblewrap", "none"
-
-
-@functools.cache
-def isolation():
-    """How `run_cells(sandbox=True)` isolates a submission: "bubblewrap" where `bwrap` is
-    installed (Debian: `apt-get install bubblewrap`) and works, else "none", said once."""
-    bwrap = shutil.which("bwrap")
-    works = bwrap and subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", *_not_root(),
-                                      "true"], capture_output=True).returncode == 0
-    if not works:
-        print("dlcourse grade: WARNING: no sandbox (bubblewrap's `bwrap` is not installed or "
-              "cannot make namespaces here), so a submission runs with the grader's rights: it "
-              "could read other submissions or change files. Install bubblewrap to isolate "
-              "each one.", file=sys.stderr)
-    return BUBBLEWRAP if works else NONE
-
-
-def _in_bubblewrap(command, folder, hide):
-    """`command` in a sandbox (Linux namespaces through bubblewrap): its own PID namespace (it
-    cannot see or signal the grader, and every process in it ends with it), no network but its
-    own loopback (the ranks' rendezvous), the whole system read-only (the course package, the
-    gradebook), the folder `hide` (the submissions) replaced by an empty one, a private /tmp and
-    HOME, and `folder` (the notebook's copy and the results file) the only place it can write."""
-    # the course package is bound back read-only after the private /tmp, where a clone may live
-    return ["bwrap", "--ro-bind", "/", "/", *_hiding(hide), "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--ro-bind", _package(), _package(),
-            "--bind", folder, folder,
-            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            *_not_root(),
-            "--die-with-parent", "--new-session", "--setenv", "HOME", "/tmp",
-            "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp/jupyter", "--chdir", folder, "--", *command]
-
-
-def _not_root():
-    """bwrap arguments for a user namespace where the submission is not root: run by root,
-    bubblewrap keeps every capability, and root regains them at each exec; an ordinary user id
-    has none (so a rank cannot trace the verdict process, `dlcourse/checks/verdict.py`)."""
-    return ["--unshare-user", "--uid", str(os.getuid() or 1000), "--gid", str(os.getgid() or 1000),
-            "--cap-drop", "ALL"]
-
-
-def _hiding(folder):
-    """bwrap arguments that empty `folder`, unless Python itself lives inside it; the course
-    package is put back (read-only) in case it did."""
-    inside = [Path(sys.prefix).resolve(), Path(tempfile.gettempdir()).resolve()]
-    if any(p == folder or folder in p.parents for p in inside):
-        return []
-    return ["--tmpfs", str(folder), "--ro-bind", _package(), _package()]
-
-
-def _package():
-    """The folder of the installed dlcourse package (an editable install's is the clone's)."""
-    return str(Path(__file__).resolve().parents[1])
 
 
 def _run_with_limit(command, seconds, stdin=None):
@@ -138,9 +92,12 @@ def _run_with_limit(command, seconds, stdin=None):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     # Only the plugins named on the command line: the others cost a second per notebook.
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.PIPE if stdin is not None else None,
-                               text=True, env=env, start_new_session=True)
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.PIPE if stdin is not None else None,
+                                   text=True, env=env, start_new_session=True)
+    except OSError as error:  # no such interpreter: as a shell says it, exit 127
+        return 127, f"{command[0]}: {error}"
     try:
         output, _ = process.communicate(stdin, timeout=seconds)
         return process.returncode, output

@@ -1,0 +1,140 @@
+"""Issue 28: data moved from rank to rank another way than collectives or send/recv fails. The
+c10d store (the default group's, or a TCPStore of the student's) refuses to be used while a
+student's function runs (`refuse.no_store`); what is moved another way still (a file every
+rank can read) is caught by counting the bytes a correct answer must move: the exchange sends
+and receives its tensor through send/recv, the vocabulary-parallel loss all-reduces at least
+two numbers a token."""
+
+import os
+import pickle
+import shutil
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from checking import first_line_and_hint
+from dlcourse.checks.pipeline import check_exchange
+from dlcourse.checks.tensor_parallel import check_vocab_parallel_cross_entropy
+
+SHARED = tempfile.mkdtemp(prefix="dlcourse-side-")  # a folder every rank can read
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_shared():
+    yield
+    shutil.rmtree(SHARED, ignore_errors=True)
+
+
+def _store():
+    return dist.distributed_c10d._get_default_store()
+
+
+def exchange_through_the_store(tensor, peer, group):
+    me = dist.get_rank()
+    _store().set(f"{me}->{peer}", pickle.dumps(tensor))
+    return pickle.loads(_store().get(f"{peer}->{me}"))
+
+
+def exchange_through_a_store_of_its_own(tensor, peer, group):
+    me, port = dist.get_rank(), 29000 + os.getppid() % 20000  # the ranks' forkserver: shared
+    store = dist.TCPStore("127.0.0.1", port, dist.get_world_size(), is_master=me == 0)
+    store.set(f"{me}->{peer}", pickle.dumps(tensor))
+    return pickle.loads(store.get(f"{peer}->{me}"))
+
+
+def _put(name, value):
+    path = os.path.join(SHARED, name)
+    with open(path + ".part", "wb") as f:
+        pickle.dump(value, f)
+    os.replace(path + ".part", path)  # whole or not at all
+
+
+def _take(name, delete=True):
+    path = os.path.join(SHARED, name)
+    while not os.path.exists(path):
+        time.sleep(0.005)
+    with open(path, "rb") as f:
+        value = pickle.load(f)
+    if delete:
+        os.remove(path)
+    return value
+
+
+def exchange_through_a_file(tensor, peer, group):
+    me, case = dist.get_rank(), f"{os.getppid()}-{dist.get_world_size()}-{tuple(tensor.shape)}"
+    _put(f"{case}-{me}-{peer}", tensor)
+    return _take(f"{case}-{peer}-{me}")
+
+
+def _stats(logits, targets, group):
+    """This rank's (row max, which targets it holds, their logits (0 elsewhere))."""
+    v = logits.shape[1]
+    local = targets - dist.get_rank(group) * v
+    held = (local >= 0) & (local < v)
+    m = logits.detach().max(dim=1).values
+    picked = logits.gather(1, local.clamp(0, v - 1)[:, None])[:, 0] * held
+    return m, held, picked
+
+
+def _loss(logits, m_all, s_others, t_others, held, picked):
+    """The mean cross-entropy, differentiable in this rank's logits: log of the whole sum of
+    exp (this rank's, plus the others' as numbers), less the target's logit."""
+    s_mine = torch.exp(logits - m_all[:, None]).sum(dim=1)
+    target = torch.where(held, picked, t_others)
+    return (torch.log(s_mine + s_others) + m_all - target).mean()
+
+
+def _sum_exp(entry, m_all):
+    """A rank's sum of exp(logit - its max), rescaled to the whole max."""
+    return entry[3] * torch.exp(entry[0] - m_all)
+
+
+def _with_sums(logits, stats):
+    """`stats` and this rank's sum of exp(logit - its own max)."""
+    return (*stats, torch.exp(logits.detach() - stats[0][:, None]).sum(dim=1))
+
+
+def _by_store(rank, tp, stats, targets):
+    _store().set(f"loss-{rank}", pickle.dumps(stats))
+    return [pickle.loads(_store().get(f"loss-{r}")) for r in range(tp)]
+
+
+def _by_file(rank, tp, stats, targets):
+    case = f"{os.getppid()}-{tp}-{hash(tuple(targets.tolist()))}"
+    _put(f"{case}-{rank}", stats)
+    return [_take(f"{case}-{r}", delete=False) for r in range(tp)]
+
+
+def loss_channel(channel):
+    def loss(logits, targets, group):
+        tp, rank = dist.get_world_size(group), dist.get_rank(group)
+        m, held, picked = _stats(logits, targets, group)
+        stats = _with_sums(logits, (m, held, picked.detach()))
+        everyone = channel(rank, tp, stats, targets)
+        m_all = torch.stack([e[0] for e in everyone]).max(dim=0).values
+        s_others = sum(_sum_exp(e, m_all) for r, e in enumerate(everyone) if r != rank)
+        t_others = sum(e[2] for r, e in enumerate(everyone) if r != rank)
+        return _loss(logits, m_all, s_others, t_others, held, picked)
+    return loss
+
+
+def test_an_exchange_through_the_c10d_store_fails():
+    first, _ = first_line_and_hint(check_exchange, exchange_through_the_store)
+    assert "used the c10d store (Store.set), which this exercise does not allow" in first, first
+    first, _ = first_line_and_hint(check_exchange, exchange_through_a_store_of_its_own)
+    assert "used the c10d store (a new TCPStore), which this exercise" in first, first
+
+
+def test_an_exchange_through_a_file_fails_on_the_bytes_it_did_not_send():
+    first, _ = first_line_and_hint(check_exchange, exchange_through_a_file)
+    assert "sent 0 bytes through send in the exchange with rank" in first, first
+
+
+def test_the_vocabulary_parallel_loss_through_the_store_or_a_file_fails():
+    first, _ = first_line_and_hint(check_vocab_parallel_cross_entropy, loss_channel(_by_store))
+    assert "used the c10d store (Store.set)" in first, first
+    first, _ = first_line_and_hint(check_vocab_parallel_cross_entropy, loss_channel(_by_file))
+    assert "moved 0 bytes in 0 collectives, less than" in first, first
