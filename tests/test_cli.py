@@ -117,3 +117,15 @@ def test_tour_names_the_context_parallel_rows_a_world_size_cannot_split():
         assert len(said) == len(refused)
         for line, (name, why) in zip(said, refused.items()):
             assert line.startswith(f"skipped {name} at {world_size} ranks: ") and why in line, line
+
+
+def test_tour_names_the_expert_parallel_row_a_world_size_cannot_split():
+    """Before any rank starts: the MoE GPT's 4 experts cannot be dealt out to 8 ranks, and the
+    row says so with the arithmetic; at 4 ranks (one expert each) it runs."""
+    rows = [r for r in tour.ROWS if r.name == "EP + DP (lesson 09, MoE GPT)"]
+    said = []
+    assert tour._runnable(rows, TourConfig(), 4, said.append) == rows and said == []
+    assert tour._runnable(rows, TourConfig(), 8, said.append) == []
+    assert said == ["skipped EP + DP (lesson 09, MoE GPT) at 8 ranks: ep 8 does not divide "
+                    "n_experts 4 (4 / 8 = 0.5); every rank holds E/ep whole experts: use "
+                    "n_experts a multiple of 8"]
