@@ -12,6 +12,8 @@ factor (ep-1)/ep gets right only when routing is uniform; so the row takes the r
 layer actually moved (`rows_moved`) and the counter's bus bytes for everything else (the counts
 exchange, the all-gather of counts, the all-reduce of the dense gradients). The ranks route
 different tokens, so they send different amounts; the table shows rank 0's, as for every row.
+The activations a rank saves depend on how many rows its experts received: the table shows the
+busiest rank's, as for every row.
 """
 
 import dataclasses
@@ -22,10 +24,11 @@ import torch
 import torch.distributed as dist
 
 from dlcourse.collectives.counter import CommCounter
+from dlcourse.memory import peak_activations
 from dlcourse.models import MoEConfig, MoEGPT, moe_loss
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.parallel.expert import average_gradients, check_ep, expert_parallel, full_parameters
-from dlcourse.parallel.expert.compare import ep_step  # AdamW step; dense all-reduce / ep, experts / ep
+from dlcourse.parallel.expert.compare import ep_step  # dense all-reduce / ep, experts / ep
 from dlcourse.parallel.expert.measure import rows_moved
 from dlcourse.tour.common import RowResult, cpu_params, held_bytes, mean_over_ranks
 
@@ -65,7 +68,8 @@ def sent_bytes(comm, model, group):
 
 def train_ep_row(cfg):
     """cfg.steps AdamW steps of the MoE GPT, expert-parallel over every rank of the job; one more
-    step on a fresh copy is counted apart (bytes). Rank 0 also brings the one-process run."""
+    step on a fresh copy is counted apart (bytes, activations). Rank 0 also brings the
+    one-process run."""
     group, config = dist.group.WORLD, moe_config(cfg)
     x, y = shard_batch(cfg.data(), group)  # (global_batch / ep, s) each
     model = expert_parallel(MoEGPT(config, seed=cfg.seed), group)
@@ -77,11 +81,12 @@ def train_ep_row(cfg):
         times.append(time.perf_counter() - start)
     fresh = expert_parallel(MoEGPT(config, seed=cfg.seed), group)
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=cfg.lr)
-    with CommCounter() as comm:
-        ep_step(fresh, fresh_optimizer, x, y, group)
+    with CommCounter() as comm:  # and lesson 01's saved-tensor log: the most activations held
+        _, activations = peak_activations(
+            fresh, lambda: ep_step(fresh, fresh_optimizer, x, y, group), ignore=(x, y))
     params = {k: v.to("cpu", copy=True) for k, v in full_parameters(model, group).items()}
     result = RowResult(mean_over_ranks(loss.item(), cfg), params, held_bytes(model, optimizer),
-                       round(sent_bytes(comm, fresh, group)), statistics.median(times))
+                       round(sent_bytes(comm, fresh, group)), statistics.median(times), activations)
     if dist.get_rank() == 0:  # the row's result is rank 0's; its reference is the MoE GPT's
         result.reference = train_moe_reference(cfg, config)
     return result
