@@ -7,6 +7,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import dlcourse
 from dlcourse import tour
 from dlcourse.models import GPTConfig
 from dlcourse.parallel.combine import GridPlan, activation_formula
@@ -117,3 +118,42 @@ def test_tour_names_the_context_parallel_rows_a_world_size_cannot_split():
         assert len(said) == len(refused)
         for line, (name, why) in zip(said, refused.items()):
             assert line.startswith(f"skipped {name} at {world_size} ranks: ") and why in line, line
+
+
+def test_tour_names_the_expert_parallel_row_a_world_size_cannot_split():
+    """Before any rank starts: the MoE GPT's 4 experts cannot be dealt out to 8 ranks, and the
+    row says so with the arithmetic; at 4 ranks (one expert each) it runs."""
+    rows = [r for r in tour.ROWS if r.name == "EP + DP (lesson 09, MoE GPT)"]
+    said = []
+    assert tour._runnable(rows, TourConfig(), 4, said.append) == rows and said == []
+    assert tour._runnable(rows, TourConfig(), 8, said.append) == []
+    assert said == ["skipped EP + DP (lesson 09, MoE GPT) at 8 ranks: ep 8 does not divide "
+                    "n_experts 4 (4 / 8 = 0.5); every rank holds E/ep whole experts: use "
+                    "n_experts a multiple of 8"]
+
+
+def _ep_bytes_two_ways():
+    """One counted step of the tour's EP row: its byte count beside the counter's tensor sizes
+    with the rows that stayed on this rank taken out (every all-to-all: counts and rows)."""
+    from dlcourse.collectives.counter import CommCounter
+    from dlcourse.models import MoEGPT
+    from dlcourse.parallel.expert import expert_parallel
+    from dlcourse.parallel.expert.measure import rows_moved
+    from dlcourse.tour.experts import ep_step, moe_config, sent_bytes
+    cfg, group = TourConfig(), dist.group.WORLD
+    ep, x_y = dist.get_world_size(), shard_batch(cfg.data(), group)
+    model = expert_parallel(MoEGPT(moe_config(cfg)), group)
+    with CommCounter() as comm:
+        ep_step(model, torch.optim.AdamW(model.parameters()), *x_y, group)
+    own_rows = sum(rows_moved(moe, group)["own"] for moe in model.moe_layers())
+    stayed = 4 * own_rows * cfg.model.hidden * 4 + len(model.moe_layers()) * 4 * 8 // ep
+    counted = sum(r.nbytes for r in comm.records if r.op == "all_to_all") - stayed
+    counted += sum(r.bus_bytes() for r in comm.records if r.op != "all_to_all")
+    return sent_bytes(comm, model, group), counted
+
+
+def test_tour_ep_row_counts_the_bytes_that_leave_each_rank():
+    """4 all-to-alls of rows per MoE layer (dispatch, combine, and their backward), each sending
+    all but the rows of this rank's own experts, plus the counts exchange (E/ep of E stay)."""
+    for got, want in dlcourse.launch(_ep_bytes_two_ways, world_size=2, backend="gloo"):
+        assert got == want and got > 0, (got, want)

@@ -8,7 +8,7 @@ process group of its axis, never a global.
     context/    ring attention, zig-zag, Ulysses, all-gather-KV: the sequence split over ranks
                 (lesson 08, `lessons/08_context_parallel.ipynb`)
     expert/     expert parallelism for the MoE GPT: experts sharded, tokens dispatched by
-                all-to-all of uneven splits (lesson 09; its notebook is still to come)
+                all-to-all of uneven splits (lesson 09, `lessons/09_experts.ipynb`)
     grid.py     RankGrid: the sizes of the dp, tp and pp axes and each rank's groups (lesson 07),
                 built once and handed down, so a strategy takes `groups.dp` or `groups.tp`
     combine.py  GridPlan, combine(model, plan, groups) -> GridTrainer: pp stages, tp inside each,

@@ -9,9 +9,10 @@ communication bytes per step, step time.
 A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
 `RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that
 strategy's wrap / train / count functions: `data.py` for lesson 03, `tensor.py` for lesson 04, `zero.py` for
-lesson 05, `pipeline.py` for lesson 06, `combine.py` for lesson 07, `context.py` for lesson 08.
-A row that cannot run on the chosen number of ranks (tp must divide the heads; Ulysses' cp too)
-says why and is left out.
+lesson 05, `pipeline.py` for lesson 06, `combine.py` for lesson 07, `context.py` for lesson 08,
+`experts.py` for lesson 09 (an MoE GPT, compared with its own one-process run).
+A row that cannot run on the chosen number of ranks (tp must divide the heads; Ulysses' cp too;
+ep must divide the experts) says why and is left out.
 """
 
 from functools import partial
@@ -28,6 +29,7 @@ from dlcourse.tour.common import (MATCH_TOLERANCE, Row, RowResult, TourConfig, c
 from dlcourse.tour.combine import PLANS, check_grid_row, train_grid_row
 from dlcourse.tour.context import METHOD_ROWS, check_cp_row, train_cp_row
 from dlcourse.tour.data import train_dp_row
+from dlcourse.tour.experts import check_ep_row, train_ep_row
 from dlcourse.tour.pipeline import TORCH, train_interleaved_row, train_pp_row
 from dlcourse.tour.tensor import train_tp_row
 from dlcourse.tour.zero import train_zero_row
@@ -65,6 +67,8 @@ ROWS = [
     # cp = every rank of the job; each rank holds s/cp tokens of every sequence
     *[Row(name, partial(train_cp_row, method), check=partial(check_cp_row, method))
       for name, method in METHOD_ROWS.items()],
+    # ep = every rank of the job, also its data-parallel group: E/ep experts each, dense replicated
+    Row("EP + DP (lesson 09, MoE GPT)", train_ep_row, check=check_ep_row),
 ]
 
 
