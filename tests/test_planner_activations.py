@@ -9,10 +9,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dlcourse.memory import SavedTensorLog, activation_bytes
-from dlcourse.memory.calculator import REAL_MODELS, ModelSpec
+from dlcourse.memory.calculator import REAL_MODELS, ModelSpec, spec_params
 from dlcourse.models import Block, GPTConfig
 from dlcourse.planner.activations import layer_activation_bytes, layer_saved_tensors
-from dlcourse.planner.catalog import megatron_gpt
+from dlcourse.planner.catalog import LLAMA31_8B, megatron_gpt
 from dlcourse.planner.estimate import memory_per_gpu
 from dlcourse.planner.layouts import Layout, Workload
 
@@ -194,9 +194,7 @@ def test_llama_31_8b_spec_counts_torchtitans_model():
     """The catalog's Llama 3.1 8B against torchtitan's own arithmetic (9dec370): the FFN width
     from its rule, and the parameters of 32 of this file's Llama blocks at that shape (built
     on the meta device: no memory), the embedding, the untied head and the final norm."""
-    from dlcourse.planner.catalog import LLAMA31_8B as spec
-    from dlcourse.memory.calculator import spec_params
-
+    spec = LLAMA31_8B
     hidden = int(1.3 * int(2 * 4 * spec.hidden / 3))  # FeedForward: 2/3 of 4h, times 1.3
     assert spec.ffn == 1024 * -(-hidden // 1024)  # rounded up to a multiple of 1,024
     with torch.device("meta"):
