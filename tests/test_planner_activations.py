@@ -9,10 +9,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dlcourse.memory import SavedTensorLog, activation_bytes
-from dlcourse.memory.calculator import REAL_MODELS, ModelSpec
+from dlcourse.memory.calculator import REAL_MODELS, ModelSpec, spec_params
 from dlcourse.models import Block, GPTConfig
 from dlcourse.planner.activations import layer_activation_bytes, layer_saved_tensors
-from dlcourse.planner.catalog import megatron_gpt
+from dlcourse.planner.catalog import LLAMA31_8B, megatron_gpt
 from dlcourse.planner.estimate import memory_per_gpu
 from dlcourse.planner.layouts import Layout, Workload
 
@@ -188,3 +188,17 @@ def test_light_ends_memory_is_the_busiest_rank_by_lesson_06s_schedule():
     per_rank = [_state_bytes(rank_params(LLAMA7, layout, r), layout)
                 + in_flight_peak(one_f_one_b(r, 4, 32), {r: stage[r]}) for r in range(4)]
     assert memory_per_gpu(work, layout) == pytest.approx(max(per_rank), rel=1e-12)
+
+
+def test_llama_31_8b_spec_counts_torchtitans_model():
+    """The catalog's Llama 3.1 8B against torchtitan's own arithmetic (9dec370): the FFN width
+    from its rule, and the parameters of 32 of this file's Llama blocks at that shape (built
+    on the meta device: no memory), the embedding, the untied head and the final norm."""
+    spec = LLAMA31_8B
+    hidden = int(1.3 * int(2 * 4 * spec.hidden / 3))  # FeedForward: 2/3 of 4h, times 1.3
+    assert spec.ffn == 1024 * -(-hidden // 1024)  # rounded up to a multiple of 1,024
+    with torch.device("meta"):
+        block = LlamaBlock(spec.hidden, spec.n_heads, spec.kv_heads, spec.ffn, "fused")
+    per_block = sum(p.numel() for p in block.parameters())
+    total = spec.n_layers * per_block + 2 * spec.vocab_size * spec.hidden + spec.hidden
+    assert spec_params(spec) == total

@@ -21,7 +21,15 @@ LLAMA3_405B = ModelSpec("Llama-3 405B", 126, 16384, 128, vocab_size=128256, seq_
                         ffn=53248, kv_heads=8, gated_mlp=True, bias=False, tied=False,
                         learned_positions=False)
 
-MODELS = {**REAL_MODELS, LLAMA3_405B.name: LLAMA3_405B}
+# Llama 3.1 8B as torchtitan builds it (pytorch/torchtitan 9dec370, 2024-12-26, the commit of
+# its H100 benchmarks: torchtitan/models/llama/__init__.py "8B" and model.py FeedForward): 32
+# layers, dim 4,096, 32 heads, 8 key/value heads, ffn 1,024 x ceil(int(1.3 x int(2/3 x 4 x
+# 4,096)) / 1,024) = 14,336; the tiktoken vocabulary of 128,256; untied output head.
+LLAMA31_8B = ModelSpec("Llama-3.1 8B", 32, 4096, 32, vocab_size=128256, seq_len=8192,
+                       ffn=14336, kv_heads=8, gated_mlp=True, bias=False, tied=False,
+                       learned_positions=False)
+
+MODELS = {**REAL_MODELS, LLAMA3_405B.name: LLAMA3_405B, LLAMA31_8B.name: LLAMA31_8B}
 
 
 def _key(name):

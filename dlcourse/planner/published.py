@@ -36,6 +36,18 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   optimizer state and gradients and does not reshard the weights after forward, no
   activation checkpointing for 8K sequences, and "we reduce one Transformer layer each from
   the first and the last stages" (`Layout.light_ends`).
+
+Read and left out: torchtitan's H100 tables for Llama 3.1 8B (benchmarks/
+llama3_h100_202412_torchtitan.md, added in commit 820504e, 2025-06-13; runs of 2024-12 at
+torchtitan 9dec370): FSDP on 8 and 128 GPUs, 8,192 tokens, local batch 2, bf16 with and
+without torch.compile (5,762 / 6,667 and 5,605 / 6,514 tokens/s/GPU). Three things the planner
+cannot represent: the GPUs are Meta's 96 GB HBM2e H100 at 2.4 TB/s under a 500 W limit, whose
+peak the source says is "between SXM and NVL" and unknown (not `GPUS["h100"]`); the
+checkpointing is torchtitan's per-op policy (every second matmul of a layer recomputed, the
+element-wise ops recomputed), neither the planner's "selective" nor "full"; and eager PyTorch
+runs the norms, rotary and SwiGLU unfused (the compiled rows are 16% faster), which the
+planner's element-wise term (each saved tensor moved 3 times) does not count. The planner is
+faster than these rows by more than `TOLERANCE`.
 """
 
 import functools
