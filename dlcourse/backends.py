@@ -1,12 +1,19 @@
 """Which backend a job of N ranks gets, and what this machine offers (`dlcourse info`)."""
 
 import os
+import re
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 NAMES = ("auto", "gloo", "nccl")
+
+# The torch releases CI runs the course on (.ci/run): the whole test suite on the first, the pin
+# in constraints.txt, and the tour and every lesson on the second, the newest on PyPI when this was
+# last raised (.ci/newest-torch says when PyPI has a newer one). pyproject.toml accepts the first
+# and anything newer; the README names both.
+TESTED_TORCH = ("2.13.0", "2.15.0")
 
 
 def cpu_cores():
@@ -51,11 +58,31 @@ def timedelta_s(seconds):
     return timedelta(seconds=seconds)
 
 
+def _release(version):
+    """'2.15.0+cu132' -> (2, 15, 0); None for a pre-release or a nightly ('2.16.0.dev20261101')."""
+    found = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(\+.*)?", version)
+    return tuple(int(n) for n in found.groups()[:3]) if found else None
+
+
+def tested_range(version):
+    """Where a torch version stands against TESTED_TORCH, in the words `dlcourse info` prints."""
+    low, high = TESTED_TORCH
+    span = f"the tested range {low} to {high}"
+    release = _release(version)
+    if release is None:
+        return f"not a release: outside {span}"
+    if release < _release(low):
+        return f"older than {span}: the course needs {low} or newer (pip install -U torch)"
+    if release > _release(high):
+        return f"newer than {span}: CI has not run the course on it"
+    return f"within {span}"
+
+
 def describe():
     """The facts `dlcourse info` prints, as (name, value) rows."""
     names = [torch.cuda.get_device_name(i) for i in range(gpu_count())]
     rows = [
-        ("torch", torch.__version__),
+        ("torch", f"{torch.__version__} ({tested_range(torch.__version__)})"),
         ("backends", ", ".join(b for b in ("gloo", "nccl", "mpi", "ucc")
                                if getattr(dist, f"is_{b}_available", lambda: False)())),
         ("GPUs", f"{len(names)}" + (f" ({', '.join(names)})" if names else "")),

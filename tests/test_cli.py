@@ -4,11 +4,12 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import dlcourse
-from dlcourse import tour
+from dlcourse import backends, cli, tour
 from dlcourse.models import GPTConfig
 from dlcourse.parallel.combine import GridPlan, activation_formula
 from dlcourse.parallel.grid import RankGrid
@@ -35,6 +36,21 @@ def test_info_describes_this_machine():
     for n in (1, 2, 4, 8):
         expected = "nccl" if gpus >= n else "gloo"
         assert re.search(rf"^auto, {n} ranks? +{expected} \(", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize("version, says", [
+    ("2.12.1", "older than the tested range"),
+    ("3.0.0", "newer than the tested range"),
+    ("2.16.0.dev20261101+cpu", "not a release: outside the tested range"),
+    (f"{backends.TESTED_TORCH[0]}+cpu", "within the tested range"),
+    (f"{backends.TESTED_TORCH[1]}+cu132", "within the tested range"),
+])
+def test_info_says_where_torch_stands_against_the_tested_range(monkeypatch, capsys, version, says):
+    monkeypatch.setattr(torch, "__version__", version)
+    assert cli.info(None) == 0
+    low, high = backends.TESTED_TORCH
+    torch_row = capsys.readouterr().out.splitlines()[0]
+    assert re.fullmatch(rf"torch +{re.escape(version)} \({says} {low} to {high}\b.*\)", torch_row)
 
 
 def test_tour_prints_every_row_matching_the_reference():

@@ -55,17 +55,6 @@ def mismatch(name, got, expected):
             f"expected {expected.flatten()[i].item()}"]
 
 
-def torch_reduce_scatter_tensor(output, input, group=None):
-    # torch 2.13 renames reduce_scatter_tensor to reduce_scatter_single; use whichever exists.
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(output, input, group=group)
-
-
-def torch_all_gather_into_tensor(output, input, group=None):
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(output, input, group=group)
-
-
 def all_reduce_cases(segment_bytes, ops):
     ring_module.SEGMENT_BYTES = segment_bytes  # this rank's process only: cut chunks into pieces
     bad = []
@@ -127,7 +116,7 @@ def reduce_scatter_cases():
             # Tensor form: (n * numel, 2) in, (numel, 2) out.
             whole = whole_numbers((n * numel, 2), dtype, ReduceOp.SUM)
             expected = torch.empty(numel, 2, dtype=dtype)
-            torch_reduce_scatter_tensor(expected, whole.clone())
+            dist.reduce_scatter_single(expected, whole.clone())
             got = torch.empty_like(expected)
             ring_reduce_scatter_tensor(got, whole)
             bad += mismatch(f"ring_reduce_scatter_tensor {dtype} numel={numel}", got, expected)
@@ -160,7 +149,7 @@ def all_gather_cases():
             bad += mismatch("ring_all_gather changed its input", mine, before)
             # Tensor form: (n * numel,) out of (numel,) each; the course's also stacked, (n, numel).
             expected = torch.empty(n * numel, dtype=dtype)
-            torch_all_gather_into_tensor(expected, mine[:numel].clone())
+            dist.all_gather_single(expected, mine[:numel].clone())
             got = torch.empty(n, numel, dtype=dtype)
             ring_all_gather_into_tensor(got, mine[:numel].clone())
             bad += mismatch(f"ring_all_gather_into_tensor {dtype} numel={numel}", got,
