@@ -5,7 +5,7 @@ redraws when a control moves; the toolbar's stop button during a launch leaves n
 next launch works; an exercise notebook's check_all table appears. Every lesson also runs under
 nbval (`python -m pytest`); here Run All runs on lesson 02 only, and lesson 01's calculator cell
 alone, to keep CI short (`DLCOURSE_BROWSER_LESSONS=all python -m pytest tests/test_browser.py`
-runs all eight): one JupyterLab and one browser for the module. Skipped, with the reason, where there is no browser
+runs every lesson): one JupyterLab and one browser for the module. Skipped, with the reason, where there is no browser
 or no Playwright.
 """
 
