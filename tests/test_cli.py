@@ -82,6 +82,7 @@ def _activation_column_is_the_lessons_count(table):
              "TP + SP (lesson 04)": GridPlan(RankGrid(tp=2), sequence_parallel=True),
              **{f"DP {v} (lesson 03)": dp for v in ("naive", "bucketed", "overlapped")},
              "torch DDP": dp, **{f"ZeRO stage {s} (lesson 05)": dp for s in ("1", "2", "3")},
+             "ZeRO stage 2 + offload (lesson 05: ZeRO-Offload)": dp,
              "ZeRO stage 3 + offload (lesson 05)": dp,
              **{f"PP {s} (lesson 06)": GridPlan(RankGrid(pp=2), micro_batches=N_MICRO, schedule=s)
                 for s in ("GPipe", "1F1B", "ZB-H1")}}

@@ -48,6 +48,7 @@ ROWS = [
     *[Row(name, partial(train_zero_row, variant)) for name, variant in [
         ("ZeRO stage 1 (lesson 05)", "stage 1"), ("ZeRO stage 2 (lesson 05)", "stage 2"),
         ("ZeRO stage 3 (lesson 05)", "stage 3"),
+        ("ZeRO stage 2 + offload (lesson 05: ZeRO-Offload)", "stage 2 + offload"),
         ("ZeRO stage 3 + offload (lesson 05)", "stage 3 + offload"),
         ("torch ZeroRedundancyOptimizer", "ZeroRedundancyOptimizer"),
         ("torch FSDP2", "FSDP2")]],

@@ -1,7 +1,8 @@
-"""The tour's ZeRO rows (lesson 05): stages 1, 2, 3 and stage 3 with CPU offload from scratch,
-torch's ZeroRedundancyOptimizer and FSDP2. Each row trains on every rank, returns the full
-(gathered) parameters for the comparison and this rank's model-state bytes, and counts one step's
-communication apart, on a fresh copy, so that counting does not slow the timed steps."""
+"""The tour's ZeRO rows (lesson 05): stages 1, 2, 3, and stages 2 (ZeRO-Offload) and 3 with CPU
+offload, from scratch; torch's ZeroRedundancyOptimizer and FSDP2. Each row trains on every rank,
+returns the full (gathered) parameters for the comparison and this rank's model-state bytes, and
+counts one step's communication apart, on a fresh copy, so that counting does not slow the timed
+steps."""
 
 import torch.distributed as dist
 
@@ -43,6 +44,7 @@ def _fsdp2(cfg, group):
 
 MAKERS = {
     "stage 1": _zero(1, False), "stage 2": _zero(2, False), "stage 3": _zero(3, False),
+    "stage 2 + offload": _zero(2, True),  # ZeRO-Offload (Ren et al. 2021) is built on stage 2
     "stage 3 + offload": _zero(3, True), "ZeroRedundancyOptimizer": _zero_redundancy,
     "FSDP2": _fsdp2,
 }
