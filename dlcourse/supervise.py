@@ -22,6 +22,7 @@ from dlcourse.errors import RUNNING, RankOutcome
 GRACE_S = 0.5  # after the first failure, peers get this long to report what they saw
 EXIT_WAIT_S = 5.0  # ranks that have sent their result get this long to exit on their own
 DRAIN_S = 1.0  # after killing ranks, how long to wait for the rest of their output
+JOIN_S = 60.0  # how long ranks may take to start and join the process group, beyond `timeout`
 
 
 class Rank:
@@ -37,6 +38,7 @@ class Rank:
         self.outcome = None  # an errors.RankOutcome once it reported or died
         self.value = None  # what it returned, pickled
         self.seen_at = None  # parent's time.monotonic() when the outcome arrived
+        self.joined_at = None  # parent's time.monotonic() when the rank said it joined the group
         self.killed = False  # stopped by us: its exit is not its own failure
         self.as_data = False  # its messages are read as data only (`worker.RankJob.as_data`)
 
@@ -44,20 +46,22 @@ class Rank:
 def run_ranks(ctx, jobs, timeout):
     """Run every `worker.RankJob` in its own process; return the values in rank order.
 
-    `timeout` counts from when every rank has started: the first launch in a process also waits
-    for the forkserver to import torch, which is not the job's time.
+    `timeout` counts from when every rank has joined the process group: the first launch in a
+    process also waits for the forkserver to import torch, and a loaded machine may take seconds
+    to start a process; neither is the job's time. Starting and joining get `JOIN_S` more.
     """
     lifeline_r, lifeline_w = os.pipe()  # ranks exit when this write end closes
     ranks = []
     try:
         for job in jobs:
             ranks.append(_start(ctx, job, lifeline_r))
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
         os.close(lifeline_r)
         lifeline_r = None
         with selectors.DefaultSelector() as sel:
             _register(sel, ranks)
-            _pump(sel, until=lambda: _stop_time(ranks, deadline), done=lambda: _all_reported(ranks))
+            _pump(sel, until=lambda: _stop_time(ranks, _deadline(ranks, started, timeout)),
+                  done=lambda: _all_reported(ranks))
             if all(r.outcome and r.outcome.state == errors.RETURNED for r in ranks):
                 os.close(lifeline_w)  # releases the ranks: they leave the group and exit
                 lifeline_w = None
@@ -141,7 +145,9 @@ def _on_result(r):
         message = r.results.recv_bytes()
     except (EOFError, OSError):
         return False
-    if r.outcome is None:
+    if r.joined_at is None and r.outcome is None and message == worker.JOINED:
+        r.joined_at = time.monotonic()
+    elif r.outcome is None:
         (r.outcome, r.value), r.seen_at = _report(r, message), time.monotonic()
     return True
 
@@ -188,8 +194,9 @@ class _OutcomeUnpickler(pickle.Unpickler):
 
 def _on_exit(r):
     _kill_group(r)  # what the rank started ends with it
-    if r.outcome is None and r.results.poll(0):
-        _on_result(r)  # it sent its message and exited before we read it
+    while r.outcome is None and r.results.poll(0):
+        if not _on_result(r):  # it sent its messages and exited before we read them
+            break
     if r.outcome is None and not r.killed:
         r.seen_at = time.monotonic()
         r.outcome = errors.died(r.rank, r.process.exitcode, r.seen_at)
@@ -211,6 +218,15 @@ def _all_reported(ranks):
 
 def _failed(ranks):
     return [r for r in ranks if r.outcome is not None and r.outcome.failed]
+
+
+def _deadline(ranks, started, timeout):
+    """`timeout` after the last rank joined the group; until all have, `JOIN_S` later than that
+    counted from the start (a rank stuck joining still ends in a timeout)."""
+    joined = [r.joined_at for r in ranks]
+    if None in joined:
+        return started + JOIN_S + timeout
+    return max(joined) + timeout
 
 
 def _stop_time(ranks, deadline):

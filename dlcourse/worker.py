@@ -30,6 +30,7 @@ from dlcourse.errors import RAISED, RETURNED, RankOutcome
 # The process group's own timeout (a collective that waits longer raises) is the job's timeout
 # plus this: the parent's deadline comes first, so a hang is reported by the parent, by name.
 PROCESS_GROUP_MARGIN_S = 30.0
+JOINED = b"joined"  # a rank's first message: it is in the process group and its job starts now
 
 
 @dataclass
@@ -74,6 +75,7 @@ def main(job, output, results, lifeline):
     linecache.cache.update(job.sources)
     try:
         _join_process_group(job)
+        results.send_bytes(JOINED)  # the job's timeout counts from here (supervise.run_ranks)
         fn, args, kwargs = pickling.loads(job.payload)
         _share_with_children(fn, args, kwargs)
         value = fn(*args, **kwargs)

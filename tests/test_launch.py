@@ -242,6 +242,16 @@ def test_a_stuck_job_times_out_naming_the_running_ranks(kind, tmp_path):
     assert not wait_gone(_pids(tmp_path), seconds=3)
 
 
+def test_the_deadline_counts_from_the_last_rank_joining_the_group():
+    # On a loaded machine starting a rank can take seconds; that is not the job's time.
+    from dlcourse import supervise
+    ranks = [supervise.Rank(r, None, None, None) for r in range(3)]
+    ranks[0].joined_at, ranks[1].joined_at = 10.0, 14.0
+    assert supervise._deadline(ranks, started=9.0, timeout=2) == 9.0 + supervise.JOIN_S + 2
+    ranks[2].joined_at = 17.5
+    assert supervise._deadline(ranks, started=9.0, timeout=2) == 17.5 + 2
+
+
 def test_a_rank_result_that_cannot_be_pickled_is_explained():
     with pytest.raises(dlcourse.RankError, match="returned a generator, which cannot be pickled"):
         dlcourse.launch(lambda: (i for i in range(3)), world_size=2, backend="gloo")
