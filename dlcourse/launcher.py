@@ -46,8 +46,9 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
 
     backend: "gloo" (CPU), "nccl" (one GPU per rank) or "auto" (nccl when there is a GPU for
     every rank, else gloo; one line says which and why).
-    timeout: seconds the job may run once its ranks have started (not counting the forkserver
-    that the first launch in a process starts, which imports torch). A rank that raises or
+    timeout: seconds the job may run once every rank has joined the process group (not counting
+    the forkserver that the first launch in a process starts, which imports torch, nor a loaded
+    machine's slow process start). A rank that raises or
     crashes stops every rank and raises `RankError` (its `outcomes`: what each rank did, as
     `errors.RankOutcome` data); a job still running at the deadline raises `RankTimeout`. At
     most `MAX_TIMEOUT_S` (24 days): the longest wait the operating system's select takes.
