@@ -16,10 +16,15 @@ has (`timing.py` for the time terms):
 - time: the matmuls at the GPU's sustained matmul rate (MAMF, roofline for thin ones) and the
   element-wise kernels at its memory bandwidth, stretched by the pipeline bubble (lesson 06's
   `bubble_formula`: the idle share of the step); plus what communication is not hidden (tp's
-  all-reduces, the pipeline's fill and drain sends, dp / ZeRO's reductions and gathers) and
-  Adam's step at memory bandwidth.
+  all-reduces, the pipeline's fill and drain sends, cp's gathers of keys and values, dp / ZeRO's
+  reductions and gathers) and Adam's step at memory bandwidth.
 
-Not modelled: offload, context parallelism, expert parallelism, kernel-level overlap of tp
+Context parallelism (lesson 08) gives each of cp ranks 1/cp of every sequence: its activations,
+its share of the matmuls and of every other axis's messages shrink by cp; its gradients are
+reduced, and ZeRO shards, over dp x cp (`Layout.replicas`). Attention still sees the whole
+sequence: each query's FLOPs count all s keys.
+
+Not modelled: offload, expert parallelism, kernel-level overlap of tp
 communication, kernel launch gaps, and the memory the framework itself takes (`HEADROOM`).
 """
 
@@ -32,9 +37,10 @@ from dlcourse.memory.calculator import spec_params
 from dlcourse.parallel.pipeline.measure import bubble_formula, in_flight_peak
 from dlcourse.parallel.pipeline.schedules import Action, interleaved_1f1b, one_f_one_b
 
-from dlcourse.planner.timing import (BYTES, dp_time, elementwise_bytes, hardware_flops_per_token,
-                                     layer_activations, model_flops_per_token, optimizer_time,
-                                     pp_time, shape_efficiency, tp_time)
+from dlcourse.planner.timing import (BYTES, cp_time, dp_time, elementwise_bytes,
+                                     hardware_flops_per_token, layer_activations,
+                                     model_flops_per_token, optimizer_time, pp_time,
+                                     shape_efficiency, tp_time)
 
 HEADROOM = 0.1  # fraction of device memory left for the CUDA context, buffers, fragmentation
 
@@ -48,6 +54,7 @@ class Estimate:
     compute_time: float  # ... of which matmuls and element-wise kernels, bubble included
     bubble: float  # idle share of the pipeline's step (lesson 06's bubble_formula)
     tp_time: float  # exposed tensor-parallel all-reduces
+    cp_time: float  # exposed context-parallel gathers of K and V (and reduce-scatters of dK, dV)
     pp_time: float  # sends between pipeline stages on the critical path (fill and drain)
     dp_time: float  # exposed data-parallel / ZeRO communication
     optimizer_time: float  # Adam's read and write of its state at memory bandwidth
@@ -110,9 +117,9 @@ def _ends(spec, layout):
 
 
 def _state_bytes(n_params, L):
-    state = model_state_bytes(n_params, dp=L.dp, zero_stage=L.zero_stage).total
+    state = model_state_bytes(n_params, dp=L.replicas, zero_stage=L.zero_stage).total
     if L.zero_stage == 3 and not L.reshard:  # gathered at forward, kept until backward
-        state += BYTES * n_params * (1 - 1 / L.dp)
+        state += BYTES * n_params * (1 - 1 / L.replicas)
     return state
 
 
@@ -134,7 +141,7 @@ def activations_in_flight(work, L, ranks=None):
     the ends are light) and p - 1 (the loss) are the candidates for the busiest."""
     spec = work.model
     one_layer = layer_activations(work, L)
-    log_probs = 4 * work.seq_len * L.micro_batch * spec.vocab_size / L.tp
+    log_probs = 4 * work.seq_len / L.cp * L.micro_batch * spec.vocab_size / L.tp
     chunks = L.pp * L.interleave
     layers = chunk_layers(spec.n_layers, chunks, L.light_ends)
     stage_bytes = {s: layers[s] * one_layer + (log_probs if s == chunks - 1 else 0)
@@ -171,22 +178,22 @@ def estimate(work, layout, cluster, headroom=HEADROOM):
     spec, L, gpu = work.model, layout, cluster.gpu
     memory = memory_per_gpu(work, L)
     n_params = stage_params(spec, L)
-    tokens = work.batch_tokens / (L.dp * L.pp)  # per GPU-row of the pipeline, per step
+    tokens = work.batch_tokens / (L.replicas * L.pp)  # per GPU-row of the pipeline, per step
     flops = hardware_flops_per_token(spec, work.seq_len, L.recompute, work.attention)
-    shape = shape_efficiency(spec, L.micro_batch * work.seq_len, L.tp, gpu)
+    shape = shape_efficiency(spec, L.micro_batch * work.seq_len // L.cp, L.tp, gpu)
     matmuls = flops * tokens / L.tp / (gpu.peak_flops * gpu.matmul_efficiency * shape)
     elementwise = (elementwise_bytes(work, L) * spec.n_layers / L.pp * L.micro_batches
                    / gpu.hbm_bw)
     bubble = bubble_share(L)
     compute = (matmuls + elementwise) / (1 - bubble)
-    tp, pp = tp_time(work, L, cluster), pp_time(work, L, cluster)
+    tp, pp, cp = tp_time(work, L, cluster), pp_time(work, L, cluster), cp_time(work, L, cluster)
     dp, hideable = dp_time(work, L, cluster, n_params)
     exposed_dp = max(0.0, dp - hideable * (matmuls + elementwise))
     optimizer = optimizer_time(n_params, L, gpu)
-    step = compute + tp + pp + exposed_dp + optimizer
+    step = compute + tp + cp + pp + exposed_dp + optimizer
     model_flops = model_flops_per_token(spec, work.seq_len) * work.batch_tokens
     return Estimate(
-        L, memory, memory <= (1 - headroom) * gpu.memory, step, compute, bubble, tp, pp,
+        L, memory, memory <= (1 - headroom) * gpu.memory, step, compute, bubble, tp, cp, pp,
         exposed_dp, optimizer, work.batch_tokens / step,
         model_flops / (step * cluster.n_gpus * gpu.peak_flops),
         cluster.dollars_per_hour() * step / 3600 / (work.batch_tokens / 1e6))

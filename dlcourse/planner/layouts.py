@@ -1,8 +1,9 @@
 """Layouts: one way to spread a training step over a cluster, and the rules it must obey
 (lesson 07's planner).
 
-A layout is a grid dp x tp x pp (tp innermost, as `dlcourse.parallel.grid` orders it, so tensor
-parallel stays in a node), the ZeRO stage on the dp axis, how the batch is cut (micro-batch size
+A layout is a grid dp x cp x tp x pp (tp innermost, as `dlcourse.parallel.grid` orders it, so
+tensor parallel stays in a node; context parallel next, as Megatron-LM orders it, so its
+all-gathers stay as close as they can), the ZeRO stage on the dp axis, how the batch is cut (micro-batch size
 and count), activation recomputation, and the pipeline's interleaving. `problems` lists every
 rule a layout breaks, each with its arithmetic; `layouts` enumerates the ones worth estimating.
 """
@@ -48,6 +49,7 @@ class Layout:
     sequence_parallel: bool = field(default=None)  # default: on whenever tp > 1
     reshard: bool = True  # ZeRO-3: free gathered parameters after forward (FSDP's default)
     light_ends: bool = False  # one layer fewer on the first and last stage (Llama 3, §3.3.2)
+    cp: int = 1  # context-parallel ranks: each sequence split into cp parts (lesson 08)
 
     def __post_init__(self):
         if self.sequence_parallel is None:
@@ -55,14 +57,22 @@ class Layout:
 
     @property
     def n_gpus(self):
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def replicas(self):
+        """Ranks that hold the same parameters and reduce their gradients together (and that
+        ZeRO shards over): dp x cp, as every cp rank trains the same weights on its part of the
+        sequence (Megatron-LM folds cp into the gradient reduction the same way)."""
+        return self.dp * self.cp
 
     def axes(self):
         """How many strategies this layout combines (an axis counts when its size is > 1)."""
-        return sum(size > 1 for size in (self.dp, self.tp, self.pp))
+        return sum(size > 1 for size in (self.dp, self.cp, self.tp, self.pp))
 
     def describe(self):
-        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        parts = [f"dp{self.dp}"] + ([f"cp{self.cp}"] if self.cp > 1 else [])
+        parts += [f"tp{self.tp}", f"pp{self.pp}"]
         if self.zero_stage:
             parts.append(f"zero{self.zero_stage}" + ("" if self.reshard or self.zero_stage < 3
                                                      else " no-reshard"))
@@ -81,8 +91,10 @@ def problems(layout, work, cluster):
     [] if it is a valid layout."""
     m, found = work.model, []
     if layout.n_gpus != cluster.n_gpus:
-        found.append(f"dp {layout.dp} x tp {layout.tp} x pp {layout.pp} = {layout.n_gpus} GPUs, "
-                     f"the cluster has {cluster.n_gpus}")
+        cp = f" x cp {layout.cp}" if layout.cp > 1 else ""
+        found.append(f"dp {layout.dp}{cp} x tp {layout.tp} x pp {layout.pp} = {layout.n_gpus} "
+                     f"GPUs, the cluster has {cluster.n_gpus}")
+    found += _context_problems(layout, work)
     if layout.tp > cluster.gpus_per_node:
         found.append(f"tp {layout.tp} is more than the {cluster.gpus_per_node} GPUs of a node: "
                      "tensor parallel's all-reduces would cross the slow network")
@@ -105,8 +117,9 @@ def problems(layout, work, cluster):
     if layout.recompute == "selective" and work.attention == "fused":
         found.append("selective recomputation recomputes the attention scores, which the fused "
                      "kernel never stores: use recompute 'none' (or attention 'eager')")
-    if layout.zero_stage and layout.dp == 1:
-        found.append("ZeRO shards over data-parallel ranks: it needs dp > 1")
+    if layout.zero_stage and layout.replicas == 1:
+        found.append("ZeRO shards over data-parallel ranks (dp x cp of them, context "
+                     "parallel's included): it needs dp x cp > 1")
     per_step = layout.dp * layout.micro_batch * layout.micro_batches
     if per_step * work.seq_len != work.batch_tokens:
         found.append(f"dp {layout.dp} x micro-batch {layout.micro_batch} x "
@@ -117,22 +130,57 @@ def problems(layout, work, cluster):
     return found
 
 
+def _context_problems(layout, work):
+    """The rules context parallelism adds (lesson 08)."""
+    if layout.cp == 1:
+        return []
+    found = []
+    if work.seq_len % (2 * layout.cp):
+        found.append(f"cp {layout.cp} needs the sequence ({work.seq_len}) in 2 x cp equal chunks "
+                     "(the zig-zag split that balances causal attention, lesson 08)")
+    if work.attention != "fused":
+        found.append("context parallelism computes attention block by block with an online "
+                     "softmax, as a fused kernel does: use attention 'fused'")
+    return found
+
+
+# Context parallel is tried for long sequences only: cp values leaving each rank at least this
+# many tokens (GPT-3, Llama 2 and Llama 3's first stage trained 2-8K whole, without cp).
+MIN_CP_TOKENS = 4096
+
+
+def context_sizes(work, n_gpus):
+    """cp values worth trying: 1, and the divisors of `n_gpus` that leave each rank at least
+    MIN_CP_TOKENS of the sequence."""
+    return [cp for cp in _divisors(n_gpus) if cp == 1 or work.seq_len // cp >= MIN_CP_TOKENS]
+
+
 def layouts(work, cluster, micro_batch_sizes=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
-            recomputes=RECOMPUTE, interleaves=(1, 2, 4)):
-    """Every valid layout of `work` on `cluster` over the given choices."""
+            recomputes=RECOMPUTE, interleaves=(1, 2, 4), contexts=None):
+    """Every valid layout of `work` on `cluster` over the given choices (`contexts`: the cp
+    values; by default `context_sizes`)."""
     n, B = cluster.n_gpus, work.sequences
-    for tp in _divisors(n):
-        for pp in _divisors(n // tp):
-            dp = n // tp // pp
-            for mb in micro_batch_sizes:
-                if B % (dp * mb):
-                    continue
-                for zero in zero_stages:
-                    for recompute in recomputes:
-                        for v in interleaves:
-                            layout = Layout(dp, tp, pp, zero, mb, B // (dp * mb), recompute, v)
-                            if not problems(layout, work, cluster):
-                                yield layout
+    for cp in contexts or context_sizes(work, n):
+        if n % cp:
+            continue
+        for tp in _divisors(n // cp):
+            for pp in _divisors(n // cp // tp):
+                dp = n // cp // tp // pp
+                yield from _batch_splits(work, cluster, B, dp, tp, pp, cp, micro_batch_sizes,
+                                         zero_stages, recomputes, interleaves)
+
+
+def _batch_splits(work, cluster, B, dp, tp, pp, cp, micro_batch_sizes, zero_stages,
+                  recomputes, interleaves):
+    for mb in micro_batch_sizes:
+        if B % (dp * mb):
+            continue
+        for zero in zero_stages:
+            for recompute in recomputes:
+                for v in interleaves:
+                    layout = Layout(dp, tp, pp, zero, mb, B // (dp * mb), recompute, v, cp=cp)
+                    if not problems(layout, work, cluster):
+                        yield layout
 
 
 def _divisors(n):

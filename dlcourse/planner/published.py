@@ -35,7 +35,13 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   TP 8, PP 16, 8,192 tokens, 16M tokens a batch; BF16 MFU. §3.3.2: FSDP that shards the
   optimizer state and gradients and does not reshard the weights after forward, no
   activation checkpointing for 8K sequences, and "we reduce one Transformer layer each from
-  the first and the last stages" (`Layout.light_ends`).
+  the first and the last stages" (`Layout.light_ends`). The long-context row of Table 4:
+  TP 8, CP 16, PP 16, DP 8 on 16,384 GPUs at 131,072 tokens, 38% BF16 MFU; §3.3.2's context
+  parallelism all-gathers K and V and leaves that on the critical path (`timing.cp_time`).
+  The paper does not say how it counts attention FLOPs; the planner's MFU counts every query
+  against every key (6Ψ + 12 L h s, PaLM's count, no causal halving). At 128K the attention
+  term is 57% of that count: were Meta's MFU counted with causal attention as half, the
+  planner's prediction in their count would be 29% lower (at 8K, 4%).
 
 Read and left out: torchtitan's H100 tables for Llama 3.1 8B (benchmarks/
 llama3_h100_202412_torchtitan.md, added in commit 820504e, 2025-06-13; runs of 2024-12 at
@@ -140,11 +146,12 @@ LLAMA3_MEMORY = ("counting each tensor Llama's layer saves (its SwiGLU as plain 
                  "below the limit, but the paper states neither")
 
 
-def _llama3(gpus, dp, per_dp, mfu):
+def _llama3(gpus, dp, per_dp, mfu, cp=1, seq_len=8192):
     layout = Layout(dp, 8, 16, zero_stage=3, micro_batch=1, micro_batches=per_dp,
-                    reshard=False, light_ends=True)
-    return PublishedRun(f"Llama 3 405B on {gpus}", "Dubey et al. 2024, Table 4",
-                        Workload(LLAMA3_405B, 8192, dp * per_dp * 8192, attention="fused"),
+                    reshard=False, light_ends=True, cp=cp)
+    context = f", {seq_len // 1024}K context" if cp > 1 else ""
+    return PublishedRun(f"Llama 3 405B on {gpus}{context}", "Dubey et al. 2024, Table 4",
+                        Workload(LLAMA3_405B, seq_len, dp * per_dp * seq_len, attention="fused"),
                         Cluster(GPUS["h100"], gpus), layout, "mfu", mfu, free=("interleave",),
                         memory_miss=LLAMA3_MEMORY)
 
@@ -176,6 +183,7 @@ RUNS = [
     _bloom(),
     _llama3(8192, 64, 32, mfu=0.43),
     _llama3(16384, 128, 16, mfu=0.41),
+    _llama3(16384, 8, 16, mfu=0.38, cp=16, seq_len=131072),  # the long-context stage
 ]
 
 

@@ -144,7 +144,8 @@ def terms(e):
     """One line: a layout's memory and its step time split into the planner's terms."""
     return (f"{e.layout.describe():34} {e.memory / 1e9:5.1f} GB, step {e.step_time:6.3f} s = "
             f"compute {e.compute_time:6.3f} (bubble {e.bubble:.0%} of the step) + tp "
-            f"{e.tp_time:5.3f} + pp sends {e.pp_time:5.3f} + dp {e.dp_time:5.3f} + Adam "
+            f"{e.tp_time:5.3f}" + (f" + cp {e.cp_time:5.3f}" if e.cp_time else "")
+            + f" + pp sends {e.pp_time:5.3f} + dp {e.dp_time:5.3f} + Adam "
             f"{e.optimizer_time:5.3f}; ${e.dollars_per_m_tokens:.3f}/M tokens")
 
 

@@ -8,7 +8,7 @@ them up). Every term is a count of FLOPs or bytes over a rate the GPU or link ha
                   All You Need", find them memory-bound)
     optimizer     Adam reads and writes its fp32 state, reads the gradient and writes the bf16
                   parameter: 28 bytes per parameter this GPU updates, over HBM bandwidth
-    tp, pp, dp    lesson 02's alpha-beta ring costs of the collectives and sends each axis needs
+    tp, cp, pp, dp  lesson 02's alpha-beta ring costs of the collectives and sends each axis needs
 """
 
 from dlcourse.collectives.cost import predict_time
@@ -76,7 +76,7 @@ def layer_activations(work, L, recompute=None):
     statistics). Eager attention stores the s x s scores (and, with dropout, their mask and the
     dropout output); the fused kernel (FlashAttention, SDPA) stores none of them, only one
     fp32 logsumexp per head and query beside Q, K, V and its output."""
-    return layer_activation_bytes(work.model, work.seq_len, L.micro_batch, tp=L.tp,
+    return layer_activation_bytes(work.model, work.seq_len // L.cp, L.micro_batch, tp=L.tp,
                                   sequence_parallel=L.sequence_parallel,
                                   recompute=recompute or L.recompute, attention=work.attention,
                                   bytes_per_value=BYTES)
@@ -93,10 +93,29 @@ def tp_time(work, L, cluster):
     with sequence parallelism the same bytes as all-gathers + reduce-scatters), 6 with full
     recomputation; on the critical path."""
     count = 6 if L.recompute == "full" else 4
-    nbytes = L.micro_batch * work.seq_len * work.model.hidden * BYTES
+    nbytes = L.micro_batch * work.seq_len // L.cp * work.model.hidden * BYTES
     alpha, bw = cluster.link(L.tp)
     layers = work.model.n_layers / L.pp
     return L.micro_batches * layers * count * ring_time("all_reduce", nbytes, L.tp, alpha, bw)
+
+
+def cp_time(work, L, cluster):
+    """Context parallel as Llama 3 runs it (Dubey et al. 2024, §3.3.2; lesson 08's all-gather
+    variant): per layer and micro-batch, K and V (kv_heads x head_dim wide, split over tp) are
+    all-gathered over the cp ranks before attention, in forward and again in backward (the
+    planner keeps no gathered copy), and their gradients reduce-scattered back; one gather more
+    with full recomputation. Llama 3 leaves these on the critical path (small beside Q thanks to
+    grouped-query attention), and so does the planner. cp ranks stand tp apart."""
+    if L.cp == 1:
+        return 0.0
+    spec = work.model
+    kv = 2 * L.micro_batch * work.seq_len * spec.kv_heads * (spec.hidden // spec.n_heads)
+    nbytes = kv / L.tp * BYTES  # the whole sequence's K and V, as gathered on one rank
+    alpha, bw = cluster.link(L.tp * L.cp)
+    gathers = 3 if L.recompute == "full" else 2
+    per_layer = (gathers * ring_time("all_gather", nbytes, L.cp, alpha, bw)
+                 + ring_time("reduce_scatter", nbytes, L.cp, alpha, bw))
+    return L.micro_batches * spec.n_layers / L.pp * per_layer
 
 
 def pp_time(work, L, cluster):
@@ -107,9 +126,9 @@ def pp_time(work, L, cluster):
     (1/tp of it per rank with sequence parallelism). Interleaving cuts the same p - 1 hops."""
     if L.pp == 1:
         return 0.0
-    nbytes = L.micro_batch * work.seq_len * work.model.hidden * BYTES
+    nbytes = L.micro_batch * work.seq_len // L.cp * work.model.hidden * BYTES
     nbytes /= L.tp if L.sequence_parallel else 1
-    alpha, bw = cluster.link(L.tp * L.dp * L.pp)  # pipeline neighbours are tp x dp ranks apart
+    alpha, bw = cluster.link(L.n_gpus)  # pipeline neighbours are tp x cp x dp ranks apart
     return 2 * (L.pp - 1) * (alpha + nbytes / bw)
 
 
@@ -123,9 +142,9 @@ def dp_time(work, L, cluster, n_params):
     - stage 3: every micro-batch gathers the parameters for forward and again for backward
       (once, if they are kept from forward to backward: `reshard=False`, FSDP's
       reshard_after_forward) and reduce-scatters the gradients; prefetched under all compute."""
-    nbytes = n_params * BYTES
-    alpha, bw = cluster.link(L.tp * L.dp)  # dp ranks stand tp apart
-    gather, scatter = (ring_time(op, nbytes, L.dp, alpha, bw)
+    nbytes, replicas = n_params * BYTES, L.replicas  # dp x cp ranks hold the same weights
+    alpha, bw = cluster.link(L.tp * replicas)  # they stand tp apart
+    gather, scatter = (ring_time(op, nbytes, replicas, alpha, bw)
                        for op in ("all_gather", "reduce_scatter"))
     if L.zero_stage == 3:
         gathers = 2 if L.reshard else 1
@@ -133,10 +152,10 @@ def dp_time(work, L, cluster, n_params):
     backward = 2 / 3  # of a micro-batch's compute (backward = 2 forwards)
     if L.zero_stage == 2:
         return L.micro_batches * scatter + gather, backward
-    return ring_time("all_reduce", nbytes, L.dp, alpha, bw), backward / L.micro_batches
+    return ring_time("all_reduce", nbytes, replicas, alpha, bw), backward / L.micro_batches
 
 
 def optimizer_time(n_params, L, gpu):
     """Adam's step: ADAM_BYTES per parameter this GPU updates (its 1/dp share under ZeRO)."""
-    updated = n_params / (L.dp if L.zero_stage else 1)
+    updated = n_params / (L.replicas if L.zero_stage else 1)
     return ADAM_BYTES * updated / gpu.hbm_bw
