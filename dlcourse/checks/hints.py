@@ -122,38 +122,53 @@ HINTS = {
     "column_parallel_linear": (
         "each rank computes some columns of y from the whole x: which collective gives every "
         "rank every rank's piece?",
-        "compute this rank's y_r = F.linear(x, weight, bias), then all-gather it into a list of "
-        "t tensors shaped like y_r",
-        "the columns of y are the output features: put the gathered pieces side by side along "
-        "the last dim, rank 0's first",
+        "this rank's out/t output features are F.linear(x, weight, bias), computed without any "
+        "communication; only putting the t pieces together needs the other ranks",
+        "all-gather the pieces into a list of t tensors shaped like this rank's piece (dist."
+        "all_gather fills a list you make first)",
+        "the output features are y's last dim: concatenate the gathered pieces along the last "
+        "dim, rank 0's first, and return that on every rank",
     ),
     "row_parallel_linear": (
         "this rank's columns of W multiply only part of x: which part, and how do the ranks' "
         "results combine?",
         "this rank's slice of x is the r-th of t blocks of its last dim; its product with "
-        "weight.T is one term of a sum over the ranks",
-        "all-reduce the terms, then add the bias once, after the all-reduce: added on every "
-        "rank before it, the bias counts t times",
+        "weight.T has y's whole shape but is only one term of a sum over the ranks",
+        "a collective that adds the ranks' tensors and leaves the sum on every rank finishes y; "
+        "the bias belongs to the sum once, not once per rank",
+        "take the slice, multiply it by weight.T, all-reduce the result over the group, then "
+        "add the bias after the all-reduce (added on every rank before it, it counts t times)",
     ),
     "MegatronF": (
         "forward: every rank already holds x; backward: every rank's layer used x, so whose "
         "gradient is x's gradient?",
-        "forward returns x unchanged (a view of it) and keeps the group in ctx; the gradient "
-        "that reaches backward is only this rank's share",
-        "backward all-reduces a contiguous copy of the gradient over the group kept in ctx and "
-        "returns it, with None for the group",
+        "forward has nothing to compute: every rank returns x's values as they are (x itself, "
+        "or a view of it as the lesson's comm.py makes with Tensor.view_as; autograd gives "
+        "either output f's backward), and keeps in ctx what backward will need",
+        "each rank's backward receives only the gradient that flowed through its own rows of "
+        "W, its share of x's gradient; x's whole gradient is the sum of every rank's share",
+        "forward keeps the group in ctx (ctx.group = group) and returns a view of x; backward "
+        "all-reduces a contiguous copy of the incoming gradient over ctx.group and returns it, "
+        "with None for the group",
     ),
     "MegatronG": (
         "forward sums the ranks' terms; what comes after g runs the same on every rank: what "
         "gradient does each term need?",
-        "forward all-reduces a clone of x over the group (the caller's x keeps its values); the "
-        "sum has slope 1 in each of its terms",
-        "backward returns the incoming gradient as it is, and None for the group; torch's "
-        "differentiable all_reduce would sum it again, t times too large",
+        "forward: the layer's output is the sum of the ranks' shares. The collective that sums "
+        "works in place, and the caller's tensor must keep its values: sum a copy",
+        "backward: the loss after g is the same on every rank, so every rank already holds the "
+        "whole gradient of the sum, and a sum has slope 1 in each of its terms. torch's "
+        "differentiable all_reduce (torch.distributed.nn) sums in backward too: t times too "
+        "large",
+        "forward: clone x, all-reduce the clone over the group, return it; backward: return the "
+        "incoming gradient as it is, and None for the group, with no communication",
     ),
     "qkv_shard": (
         "the fused weight is W_q, W_k and W_v stacked: which rows of each do this rank's heads "
         "use?",
+        "cutting the whole (3h, h) weight into t contiguous blocks of rows does not work: rank "
+        "0's block is q rows of several ranks' heads (for t = 2, with part of k), not its own "
+        "q, k and v",
         "cut the (3h, h) weight into its three (h, h) parts along dim 0; this rank's heads are "
         "the r-th of t blocks of rows in each part",
         "concatenate this rank's block of q, of k and of v along dim 0; cut the bias the same "
@@ -162,11 +177,16 @@ HINTS = {
     "vocab_parallel_cross_entropy": (
         "a token's loss needs the max of its logits, its sum of exp and its target's logit: "
         "which can each rank compute over its own ids, and how do the ranks' parts combine?",
-        "the max combines with an all-reduce of op MAX (detached, it needs no gradient); the sum "
-        "of exp(logit - max) and the target's logit (0 on the ranks without it) are sums over "
-        "the ranks",
-        "make the sums that carry a gradient with MegatronG so backward hands each rank its own "
-        "gradient; the loss is the mean over tokens of log(sum of exp) minus (target logit - max)",
+        "with m the max of a token's V logits z and y its target, loss = log(sum over v of "
+        "exp(z_v - m)) - (z_y - m): subtracting m changes nothing and keeps exp from "
+        "overflowing",
+        "each rank computes its part over its own ids: the max of its logits, its sum of "
+        "exp(z - m), and z_y - m if it holds y (0 otherwise); one all-reduce each finishes "
+        "them, op MAX for m and sums for the two others: 3N numbers, never the logits",
+        "detach m (it needs no gradient; a plain all_reduce with dist.ReduceOp.MAX); make the "
+        "two sums with MegatronG so that backward hands each rank its own gradient; rank r "
+        "holds ids r V/t to (r + 1) V/t - 1; return the mean over tokens of log(sum) - "
+        "(z_y - m)",
     ),
     # ------------------------------------------------------------ lesson 05: ZeRO
     "shard_of": (
