@@ -240,30 +240,46 @@ HINTS = {
         "count the blocks each stage holds first; the boundaries are where one stage's blocks "
         "end and the next one's begin",
         "divmod(n_layers, n_stages) gives the blocks every stage holds and how many are left "
-        "over; the first stages take one of those each, since the last also runs the output layer",
+        "over; the last stage must not take one of those, since it also runs the output layer "
+        "and the loss",
+        "give the left-over blocks one each to the first stages (as torch.tensor_split does) or "
+        "to the middle ones (as Llama 3 does); never to the last",
         "start a list at 0 and, for each stage s, add the last boundary plus that stage's size "
-        "(one more while s is below the remainder); the list ends at n_layers",
+        "(one more while s is below the remainder, if the first stages take the extras); the "
+        "list ends at n_layers",
     ),
     "exchange": (
         "both neighbours call exchange at the same moment: if both start with a blocking "
         "dist.send, both wait forever",
-        "receive into a new buffer shaped like tensor (the caller still needs tensor); dist.isend "
-        "and dist.irecv return at once, and dist.batch_isend_irecv posts a list of them together",
+        "three ways out: post one of the two without waiting (dist.isend and dist.irecv return "
+        "at once, .wait() later), order the pair by rank (the lower rank sends first while the "
+        "higher receives first), or post both together with dist.batch_isend_irecv, as torch's "
+        "pipelining does",
+        "receive into a new buffer shaped and typed like tensor (torch.empty_like): the caller "
+        "still needs tensor; name peer as the source, or a receive may take another rank's "
+        "message",
         "make the buffer, post the send of tensor to peer and the receive from peer without "
-        "waiting on either, then wait on both and return the buffer",
+        "waiting on either (two dist.P2POp in dist.batch_isend_irecv), then wait on both and "
+        "return the buffer",
     ),
     "last_stage_backward": (
         "the step's loss is the mean over all n_micro micro-batches, and each backward adds its "
         "micro-batch's part into .grad",
-        "x arrives as a plain tensor: ask for its gradient before the forward; scale the loss "
-        "itself before backward, so that the gradient that goes back to the earlier stages is "
-        "scaled too",
+        "with micro-batches of equal size, the whole batch's mean loss is the mean of the "
+        "n_micro micro-batch losses: each backward must start from its loss divided by n_micro, "
+        "or every gradient in the pipeline is n_micro times too large",
+        "scale the loss itself before backward, not the gradients after it: the gradient of x "
+        "that goes back to the earlier stages must be scaled too. x arrives as a plain tensor: "
+        "ask for its gradient before the forward",
         "mark x as requiring a gradient, run the stage and the loss, divide the loss by n_micro, "
         "run backward, and return x's gradient; zero nothing, the micro-batches add up",
     ),
     "schedule_1f1b": (
         "three phases: a warm-up of forwards, a steady state of one forward then one backward, a "
         "cool-down of backwards",
+        "a rank's first backward can come only after the stages after it have run that "
+        "micro-batch's forward: each forward it runs meanwhile keeps one of those stages busy, "
+        "and each one it holds counts against its p - rank",
         "the warm-up fills the stages after this rank: p - rank - 1 forwards, never more than "
         "n_micro; the last stage has none and runs each backward right after its forward",
         "after the warm-up, each remaining forward (of the next micro-batch) is followed by the "
