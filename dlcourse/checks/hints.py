@@ -310,6 +310,12 @@ HINTS = {
         "an axis of size 1 is a group of one rank: it has nothing to exchange",
         "each axis carries one strategy: pp moves activations and gradients between stages, dp "
         "combines the replicas' gradients, tp combines the partial results of split matrices",
+        "by the end of a step: pp stages have handed their activations on and got their "
+        "gradients back; dp replicas hold the sum of all replicas' gradients (ZeRO: each rank "
+        "only its shard's sum, and before the next forward every updated shard); tp ranks hold "
+        "the sum of their partial results (with sequence parallelism: entering a region every "
+        "rank needs the whole sequence, leaving it each keeps the sum of its own part; inside a "
+        "pipeline the last stage needs the whole logits)",
         "pp: send and recv; dp: all_reduce, or with ZeRO reduce_scatter and all_gather; tp: "
         "all_reduce, plus all_gather and reduce_scatter with sequence parallelism, plus "
         "all_gather on a pipeline's last stage; empty sets for axes of size 1",
