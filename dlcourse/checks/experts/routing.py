@@ -210,8 +210,10 @@ def check_load_balance_loss(load_balance_loss, *, rng):
                               where=where, guard=experts_guard_for, hint=AUX_HINT,
                               answer=_loss_and_grad)
         _expect_loss(got, logits, k, uniform, where)
-    print(f"load_balance_loss: passed on {len(cases)} cases drawn at random (E from 2 to 8, "
-          "k = " + ", ".join(str(c[1]) for c in cases) + "), value and gradient equal to a "
+    sizes = [c[0].size(1) for c in cases]
+    print(f"load_balance_loss: passed on {len(cases)} cases drawn at random (E from "
+          f"{min(sizes)} to {max(sizes)}, k = " + ", ".join(str(c[1]) for c in cases)
+          + "), value and gradient equal to a "
           "float64 reference; 1 at uniform routing")
 
 
