@@ -54,11 +54,9 @@ def every_row_to_every_rank(x, experts, n_experts, group):
     everyone = x.new_empty(int(sum(sizes)), x.size(1))
     dist.all_to_all_single(everyone, x.repeat(ep, 1), [int(s) for s in sizes],
                            [x.size(0)] * ep, group=group)
-    routed = [torch.empty_like(e) for e in [experts] * 1]
     all_experts = torch.empty(int(sum(sizes)), dtype=torch.int64)
     dist.all_to_all_single(all_experts, experts.repeat(ep), [int(s) for s in sizes],
                            [x.size(0)] * ep, group=group)
-    del routed
     rows, start = [], 0
     for s in range(ep):
         mine, start = slice(start, start + int(sizes[s])), start + int(sizes[s])
@@ -96,9 +94,8 @@ def sorted_by_expert(x, experts, n_experts, group):
 
 
 def counts_of_chosen_experts_only(x, experts, n_experts, group):  # right while no expert idles
-    ep = dist.get_world_size(group)
-    rows, received = dispatch_to_experts(x, experts, n_experts, group)
-    chosen, counts = torch.unique(experts, return_counts=True)
+    rows, _ = dispatch_to_experts(x, experts, n_experts, group)
+    _, counts = torch.unique(experts, return_counts=True)
     return rows, counts
 
 

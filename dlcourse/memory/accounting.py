@@ -119,8 +119,8 @@ def count_params(config, active=False):
     if isinstance(config, MLPConfig):
         return sum(math.prod(s) for s in _mlp_shapes(config).values())
     if not isinstance(config, GPTConfig):
-        raise TypeError(f"count_params takes a GPTConfig or an MLPConfig (a MoEConfig is a GPTConfig), "
-                        f"got {type(config).__name__}")
+        raise TypeError("count_params takes a GPTConfig or an MLPConfig (a MoEConfig is a "
+                        f"GPTConfig), got {type(config).__name__}")
     V, T, h, L = config.vocab_size, config.seq_len, config.hidden, config.n_layers
     per_block = 12 * h * h + (13 * h if config.bias else 2 * h)  # no bias: LayerNorm scales only
     final_norm = 2 * h if config.bias else h

@@ -41,8 +41,9 @@ def check_dispatch_to_experts(dispatch_to_experts, timeout=CHECK_TIMEOUT_S, *, r
     rng.shuffle(eps)
     for i, ep in enumerate(eps):
         _check_case(dispatch_to_experts, ep, rng, idle_rank=i == 0, timeout=timeout)
-    print(f"dispatch_to_experts: passed on {len(eps)} cases drawn at random ({', '.join(map(str, eps))} "
-          "ranks; uneven splits, an idle expert in each, a rank with no rows in one): every "
+    ranks = ", ".join(map(str, eps))
+    print(f"dispatch_to_experts: passed on {len(eps)} cases drawn at random ({ranks} ranks;"
+          " uneven splits, an idle expert in each, a rank with no rows in one): every "
           "rank got its rows in order and sent its own rows once and its counts, no more")
 
 

@@ -262,7 +262,7 @@ def _loss_hint(value, want, logits, k):
 
 
 def _loss_of(probs, k):
-    """E · Σ f_e · P_e of given (N, E) probabilities: the loss of a softmax over the wrong dim."""
+    """E · Σ f_e · P_e of given (N, E) probabilities: a softmax over the wrong dim's loss."""
     N, E = probs.shape
     f = torch.bincount(probs.topk(k, dim=1).indices.flatten(), minlength=E).double() / (N * k)
     return float(E * (f * probs.mean(dim=0)).sum())
