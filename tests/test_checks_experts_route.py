@@ -80,6 +80,11 @@ def with_the_library(logits, k, capacity):
     return experts, weights, torch.ones_like(experts, dtype=torch.bool)
 
 
+def with_the_checks_reference(logits, k, capacity):
+    from dlcourse.checks.experts.reference import routed
+    return routed(logits, k, capacity)
+
+
 @pytest.mark.parametrize("answer", [route_with_capacity, route_in_numpy, route_as_lists])
 def test_route_with_capacity_passes(answer, capsys):
     check_route_with_capacity(answer)
@@ -98,9 +103,13 @@ def test_route_with_capacity_wrong_answers_fail(answer, hint):
     assert starts(first, "route_with_capacity(logits (") and hint in got_hint, (first, got_hint)
 
 
-def test_the_lessons_router_is_refused():
-    first, _ = first_line_and_hint(check_route_with_capacity, with_the_library)
-    assert "called route from dlcourse.moe, which this exercise does not allow" in first, first
+@pytest.mark.parametrize("answer, refused", [
+    (with_the_library, "called route from dlcourse.moe"),
+    (with_the_checks_reference, "called routed from dlcourse.checks.experts.reference"),
+])
+def test_the_lessons_router_and_the_checks_reference_are_refused(answer, refused):
+    first, _ = first_line_and_hint(check_route_with_capacity, answer)
+    assert f"{refused}, which this exercise does not allow" in first, first
 
 
 def test_a_failure_names_the_seed_that_draws_the_same_cases():
