@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from checking import first_line_and_hint, starts
+from dlcourse import pickling
+from dlcourse.checks.core import Submitted
 from dlcourse.checks.experts import check_moe_layer_counts
 
 
@@ -90,3 +92,9 @@ def test_moe_layer_counts_wrong_answers_fail(answer, says, hint):
 def test_the_courses_counts_are_refused(answer, refused):
     first, _ = first_line_and_hint(check_moe_layer_counts, answer)
     assert refused in first, first
+
+
+def test_numpy_counts_pass_when_graded(capsys):
+    """As `dlcourse grade` runs it: on a rank, numpy integers read back as data."""
+    check_moe_layer_counts(Submitted("moe_layer_counts", pickling.dumps(counts_in_numpy)))
+    assert "moe_layer_counts: passed" in capsys.readouterr().out

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from checking import first_line_and_hint, starts
+from dlcourse import pickling
+from dlcourse.checks.core import Submitted
 from dlcourse.checks.experts import check_load_balance_loss
 
 
@@ -95,3 +97,13 @@ def test_the_lessons_loss_is_refused():
     first, _ = first_line_and_hint(check_load_balance_loss, with_the_library)
     assert "called load_balance_loss from dlcourse.moe, which this exercise does not allow" \
         in first, first
+
+
+def test_value_and_gradient_are_read_on_the_rank_when_graded(capsys):
+    """As `dlcourse grade` runs it: the loss's gradient is taken on the rank, after the
+    function returned, and comes back as data; a loss without its graph still fails."""
+    check_load_balance_loss(Submitted("load_balance_loss", pickling.dumps(load_balance_loss)))
+    assert "load_balance_loss: passed" in capsys.readouterr().out
+    _, hint = first_line_and_hint(check_load_balance_loss,
+                                  Submitted("load_balance_loss", pickling.dumps(detached)))
+    assert "P_e must keep its graph" in hint, hint
