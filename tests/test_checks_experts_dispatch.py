@@ -31,7 +31,7 @@ def dispatch_to_experts(x, experts, n_experts, group):
     return rows, received
 
 
-def dispatch_with_lists(x, experts, n_experts, group):  # counts as lists, rows by a loop
+def dispatch_with_lists(x, experts, n_experts, group):  # counts as lists, rows by a loop, numpy
     ep = dist.get_world_size(group)
     n_local = n_experts // ep
     counts = [torch.tensor([int((experts == d * n_local + j).sum()) for j in range(n_local)])
@@ -42,7 +42,7 @@ def dispatch_with_lists(x, experts, n_experts, group):  # counts as lists, rows 
     rows = x.new_empty(int(sum(r.sum() for r in received)), x.size(1))
     dist.all_to_all_single(rows, outgoing, [int(r.sum()) for r in received],
                            [int(c.sum()) for c in counts], group=group)
-    return rows, torch.stack(received).numpy()  # counts as a numpy array
+    return rows.numpy(), torch.stack(received).numpy()  # numpy arrays
 
 
 def every_row_to_every_rank(x, experts, n_experts, group):

@@ -113,9 +113,9 @@ def _dispatch_in_rank(student, x, experts, n_experts):
     return got, sent
 
 
-def _as_tensor(value):
+def _as_tensor(value, dtype=None):
     try:
-        return torch.as_tensor(value)
+        return torch.as_tensor(value, dtype=dtype)
     except (TypeError, ValueError, RuntimeError):
         return None
 
@@ -133,6 +133,9 @@ def _expect_dispatched(got, xs, experts, n_experts, r, where):
         fail(where, r, f"returned counts {_show(counts)}, expected {want_counts.tolist()} (row s: "
                        "what rank s sent to each of this rank's experts)",
              _counts_hint(counts, want_counts))
+    if not isinstance(rows, torch.Tensor):  # a numpy array comes back as nested lists
+        rows = _as_tensor(rows, want_rows.dtype) if rows is not None else None
+        rows = rows.reshape(want_rows.shape) if rows is not None and not rows.numel() else rows
     if not isinstance(rows, torch.Tensor) or rows.shape != want_rows.shape \
             or rows.dtype != want_rows.dtype:
         fail(where, r, f"returned rows {kind(rows)}, expected {_describe(want_rows)}: every row "
