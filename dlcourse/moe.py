@@ -134,8 +134,10 @@ class GroupedLinear(nn.Module):
         return y if self.bias is None else y + self.bias.repeat_interleave(counts, dim=0)
 
     def narrow(self, start, n):
-        """A GroupedLinear of layers start..start+n-1: copies of this one's weights."""
+        """A GroupedLinear of layers start..start+n-1: copies of this one's weights, on their
+        device and in their dtype."""
         part = GroupedLinear(n, self.weight.size(2), self.weight.size(1), self.bias is not None)
+        part.to(self.weight.device, self.weight.dtype)
         with torch.no_grad():
             part.weight.copy_(self.weight[start:start + n])
             if self.bias is not None:

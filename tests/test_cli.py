@@ -152,6 +152,14 @@ def test_tour_names_the_expert_parallel_row_a_world_size_cannot_split():
                     "n_experts a multiple of 8"]
 
 
+def test_tour_runs_the_expert_parallel_row_on_nccl_too():
+    """The row is no longer refused on nccl (every tensor of its path follows the input's
+    device); test_gpu's tour runs it on GPUs and compares it with one process."""
+    rows = [r for r in tour.ROWS if r.name == "EP + DP (lesson 09, MoE GPT)"]
+    said = []
+    assert tour._runnable(rows, TourConfig(cuda=True), 2, said.append) == rows and said == []
+
+
 def _ep_bytes_two_ways():
     """One counted step of the tour's EP row: its byte count beside the counter's tensor sizes
     with the rows that stayed on this rank taken out (every all-to-all: counts and rows)."""

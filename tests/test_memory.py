@@ -6,7 +6,8 @@ import torch
 from dlcourse.memory import (REAL_MODELS, activation_bytes, count_params, estimate_gpt_step,
                              gpt_saved_tensors, measure_model_state, memory_per_gpu,
                              model_state_bytes, param_shapes, spec_params)
-from dlcourse.models import GPT, MLP, GPTConfig, MLPConfig, lm_loss, synthetic_tokens
+from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, MoEConfig, MoEGPT, lm_loss,
+                             synthetic_tokens)
 
 GPT_CONFIGS = [
     GPTConfig(),
@@ -25,6 +26,34 @@ def test_count_params_is_exactly_what_the_model_holds(config):
     model = GPT(config) if isinstance(config, GPTConfig) else MLP(config)
     assert count_params(config) == sum(p.numel() for p in model.parameters())
     assert param_shapes(config) == {n: tuple(p.shape) for n, p in model.named_parameters()}
+
+
+MOE_CONFIGS = [
+    MoEConfig(),
+    MoEConfig(n_layers=3, moe_every=2, n_experts=6, top_k=1, expert_hidden=40, bias=False),
+    MoEConfig(vocab_size=50, seq_len=12, n_layers=2, n_heads=3, hidden=24, n_experts=8, top_k=3,
+              tie_embeddings=False, capacity_factor=1.25),
+]
+
+
+@pytest.mark.parametrize("config", MOE_CONFIGS)
+def test_count_params_of_an_moe_is_what_the_model_holds(config):
+    model = MoEGPT(config)
+    assert count_params(config) == sum(p.numel() for p in model.parameters())
+    assert param_shapes(config) == {n: tuple(p.shape) for n, p in model.named_parameters()}
+    # active: every parameter outside the experts, and k/E of the experts' (all E alike)
+    experts = [p for moe in model.moe_layers() for p in moe.experts.parameters()]
+    ids = {id(p) for p in experts}
+    dense = sum(p.numel() for p in model.parameters() if id(p) not in ids)
+    held = sum(p.numel() for p in experts)
+    assert held % config.n_experts == 0
+    assert count_params(config, active=True) == dense + held // config.n_experts * config.top_k
+    assert count_params(config, active=True) < count_params(config)
+
+
+def test_count_params_active_of_a_dense_gpt_is_its_total():
+    config = GPT_CONFIGS[-1]
+    assert count_params(config, active=True) == count_params(config)
 
 
 def test_count_params_matches_published_gpt2_sizes():

@@ -1,6 +1,7 @@
 """Memory accounting from the papers: parameters, model state, activations (lesson 01).
 
     count_params(GPTConfig())                      # Ψ, exactly sum(p.numel()) of the model
+    count_params(MoEConfig(), active=True)         # lesson 09: the weights one token's forward uses
     model_state_bytes(7.5e9, dp=64, zero_stage=3)  # ZeRO (Rajbhandari et al. 2019), per rank
     activation_bytes(2048, 1, 12288, 96)           # Korthikanti et al. 2022, Table 2, per layer
 
@@ -11,7 +12,7 @@ each formula beside a measurement (`dlcourse.memory.measure`).
 import math
 from dataclasses import dataclass, fields
 
-from dlcourse.models import GPTConfig, MLPConfig
+from dlcourse.models import GPTConfig, MLPConfig, MoEConfig
 
 
 @dataclass
@@ -41,7 +42,8 @@ class MemoryParts:
 
 
 def param_shapes(config):
-    """{name: shape} of every parameter of `GPT(config)` or `MLP(config)`, a tied weight once.
+    """{name: shape} of every parameter of `GPT(config)`, `MoEGPT(config)` (a `MoEConfig`) or
+    `MLP(config)`, a tied weight once.
 
     The names are those of `model.named_parameters()`; the table is written from the
     architecture, not read from a model, so a test can hold one against the other.
@@ -56,6 +58,8 @@ def param_shapes(config):
     for i in range(config.n_layers):
         for name, shape in _block_shapes(h, config.bias).items():
             shapes[f"blocks.{i}.{name}"] = shape
+        if isinstance(config, MoEConfig) and i in config.moe_blocks:
+            _swap_in_moe(shapes, f"blocks.{i}.mlp.", config)
     shapes.update(_layernorm_shapes("ln_f", h, config.bias))
     if not config.tie_embeddings:
         shapes["lm_head.weight"] = (V, h)  # tied: it is tok_emb.weight, already listed
@@ -78,6 +82,19 @@ def _block_shapes(h, bias):
     return shapes
 
 
+def _swap_in_moe(shapes, prefix, config):
+    """Replace the dense MLP's shapes under `prefix` by the MoE's (lesson 09, `dlcourse/moe.py`):
+    a router Linear h -> E without bias, then E experts stacked: fc (E, f, h), proj (E, h, f)."""
+    for name in [n for n in shapes if n.startswith(prefix)]:
+        del shapes[name]
+    E, h, f = config.n_experts, config.hidden, config.ffn_hidden
+    shapes[prefix + "router.weight"] = (E, h)
+    for name, (d_in, d_out) in (("fc", (h, f)), ("proj", (f, h))):
+        shapes[f"{prefix}experts.{name}.weight"] = (E, d_out, d_in)
+        if config.bias:
+            shapes[f"{prefix}experts.{name}.bias"] = (E, d_out)
+
+
 def _layernorm_shapes(name, h, bias):
     return {f"{name}.weight": (h,), **({f"{name}.bias": (h,)} if bias else {})}
 
@@ -90,20 +107,32 @@ def _mlp_shapes(config):
     return shapes
 
 
-def count_params(config):
+def count_params(config, active=False):
     """Ψ (`n_params`): the number of parameters of `GPT(config)` or `MLP(config)`, a tied
     weight counted once. For the GPT, per block: 12h² weights (qkv 3h², proj h², MLP 8h²) and,
-    with biases, 13h more (qkv 3h, proj h, fc 4h, proj h, two LayerNorms 4h)."""
+    with biases, 13h more (qkv 3h, proj h, fc 4h, proj h, two LayerNorms 4h).
+
+    A `MoEConfig` (lesson 09): each MoE block holds a router (E·h) and E experts of 2·h·f
+    weights (+ f + h biases) in place of the dense MLP. active=True: the parameters one token's
+    forward uses, the dense ones and k of the E experts in each MoE block (compute per token
+    follows these; memory follows the total). For a dense model active is the total."""
     if isinstance(config, MLPConfig):
         return sum(math.prod(s) for s in _mlp_shapes(config).values())
     if not isinstance(config, GPTConfig):
-        raise TypeError(f"count_params takes a GPTConfig or an MLPConfig, "
-                        f"got {type(config).__name__}")
+        raise TypeError("count_params takes a GPTConfig or an MLPConfig (a MoEConfig is a "
+                        f"GPTConfig), got {type(config).__name__}")
     V, T, h, L = config.vocab_size, config.seq_len, config.hidden, config.n_layers
     per_block = 12 * h * h + (13 * h if config.bias else 2 * h)  # no bias: LayerNorm scales only
     final_norm = 2 * h if config.bias else h
     lm_head = 0 if config.tie_embeddings else V * h
-    return V * h + T * h + L * per_block + final_norm + lm_head
+    total = V * h + T * h + L * per_block + final_norm + lm_head
+    if not isinstance(config, MoEConfig):
+        return total
+    E, k, f = config.n_experts, config.top_k, config.ffn_hidden
+    dense_mlp = 8 * h * h + (5 * h if config.bias else 0)  # fc 4h² + 4h, proj 4h² + h
+    expert = 2 * h * f + (f + h if config.bias else 0)
+    used = k if active else E  # experts a token runs through, or all that are held
+    return total + len(config.moe_blocks) * (E * h + used * expert - dense_mlp)
 
 
 # ---------------------------------------------------------------- model state (ZeRO)

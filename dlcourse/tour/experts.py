@@ -41,12 +41,14 @@ def moe_config(cfg):
     return MoEConfig(**dataclasses.asdict(cfg.model), n_experts=N_EXPERTS, top_k=TOP_K)
 
 
+def new_moe_model(cfg, config):
+    """The MoE GPT as the row and its reference start it: same seed, on this process's device."""
+    return MoEGPT(config, seed=cfg.seed).to(cfg.device())
+
+
 def check_ep_row(cfg, world_size):
-    """Before any rank starts: ep = world_size must divide the E experts; gloo only (the
-    expert-parallel index arithmetic is built and tested on CPU)."""
-    if cfg.cuda:
-        raise ValueError("the expert-parallel row runs on gloo (CPU) only: run the tour with "
-                         "--backend gloo to include it")
+    """Before any rank starts: ep = world_size must divide the E experts. On nccl the row runs
+    as on gloo: every tensor of the expert-parallel path follows its input's device."""
     check_ep(moe_config(cfg), world_size)
 
 
@@ -72,14 +74,16 @@ def train_ep_row(cfg):
     one-process run."""
     group, config = dist.group.WORLD, moe_config(cfg)
     x, y = shard_batch(cfg.data(), group)  # (global_batch / ep, s) each
-    model = expert_parallel(MoEGPT(config, seed=cfg.seed), group)
+    model = expert_parallel(new_moe_model(cfg, config), group)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     times, loss = [], None
     for _ in range(cfg.steps):
         start = time.perf_counter()
         loss = ep_step(model, optimizer, x, y, group)
+        if cfg.cuda:
+            torch.cuda.synchronize()  # GPU work is asynchronous: wait for it before the clock
         times.append(time.perf_counter() - start)
-    fresh = expert_parallel(MoEGPT(config, seed=cfg.seed), group)
+    fresh = expert_parallel(new_moe_model(cfg, config), group)
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=cfg.lr)
     with CommCounter() as comm:  # and lesson 01's saved-tensor log: the most activations held
         _, activations = peak_activations(
@@ -94,7 +98,7 @@ def train_ep_row(cfg):
 
 def train_moe_reference(cfg, config):
     """The same MoE GPT in one process on the whole global batch: its parameters."""
-    model = MoEGPT(config, seed=cfg.seed)
+    model = new_moe_model(cfg, config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     x, y = cfg.data()
     for _ in range(cfg.steps):

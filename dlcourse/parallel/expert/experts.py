@@ -24,16 +24,18 @@ ALL_TO_ALL = {"scratch": all_to_all, "torch": torch_all_to_all}  # name -> the d
 
 def sort_by_local_expert(received):
     """received (ep, E/ep) counts -> (R,) permutation that reorders the R received rows, which
-    arrive grouped by source then expert, into groups by expert then source (stable)."""
+    arrive grouped by source then expert, into groups by expert then source (stable). On
+    received's device (on nccl the counts are on the GPU: so are the rows they index)."""
     ep, n_local = received.shape
-    expert_of_row = torch.arange(n_local).repeat(ep).repeat_interleave(received.flatten())  # (R,)
+    local = torch.arange(n_local, device=received.device)  # (E/ep,)
+    expert_of_row = local.repeat(ep).repeat_interleave(received.flatten())  # (R,)
     return torch.sort(expert_of_row, stable=True).indices
 
 
 def inverse_permutation(order):
     """inverse[order[i]] = i: y[inverse] puts rows computed in `order` back where they were."""
     inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel())
+    inverse[order] = torch.arange(order.numel(), device=order.device)
     return inverse
 
 
