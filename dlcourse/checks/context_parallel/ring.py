@@ -187,18 +187,18 @@ def _explain(name, got, q, kvs, held, owners, positions, r, j):
         want = attention_where(q, k, v, seen)[0 if name == "out" else 1]
         if torch.allclose(got, want, rtol=1e-8, atol=1e-10):
             return says
-    if not torch.isfinite(got).all() and float(q.abs().max()) > 100:
-        return ("inf or NaN where the scores are large: exp of a score or of an lse in the "
-                "thousands overflows float64 (e^709); subtract the row's max before exp "
-                "(torch.logsumexp and torch.logaddexp do)")
-    if not torch.isfinite(got).all():
-        return ("NaN: a query that sees no key of this block has lse -inf there and a softmax "
-                "of all -inf is NaN; skip such rows (or a block no query can see), or zero them "
-                "before merging")
     alone = attention(q, kvs[held][0], kvs[held][1], q_pos, positions[held])
     if j > 0 and torch.allclose(got, alone[0 if name == "out" else 1], rtol=1e-8, atol=1e-10):
         return ("that is this block's attention alone: merge it into the running (out, lse) "
                 "with the log-sum-exps, as in exercise 1")
+    if not torch.isfinite(got).all() and float(q.abs().max()) > 100:
+        return ("inf or NaN where the scores are large: exp of a score or of an lse in the "
+                "thousands overflows float64 (e^709); subtract the row's max before exp "
+                "(torch.logsumexp and torch.logaddexp do)")
+    if got.isnan().any():
+        return ("NaN: a query that sees no key of this block has lse -inf there and a softmax "
+                "of all -inf is NaN; skip such rows (or a block no query can see), or zero them "
+                "before merging")
     return RING_HINT
 
 

@@ -49,17 +49,21 @@ def check_seq_to_heads(seq_to_heads, timeout=CHECK_TIMEOUT_S, *, rng):
     __tracebackhide__ = True
     expect_callable(seq_to_heads, "seq_to_heads")
     sizes = world_sizes(rng, 3, 2, 5)
-    for cp in sizes:
-        _check_case(seq_to_heads, rng, cp, timeout)
+    # (heads per rank, tokens per rank): one case with 2 or more of each, where a head order
+    # or a token order that is wrong shows (with one of each every order is right)
+    shapes = [(rng.randint(2, 3), rng.randint(2, 3))] + [
+        (rng.randint(1, 3), rng.randint(1, 3)) for _ in sizes[1:]]
+    rng.shuffle(shapes)
+    for cp, (h, n) in zip(sizes, shapes):
+        _check_case(seq_to_heads, rng, cp, h, n, timeout)
     print(f"seq_to_heads: passed on {len(sizes)} cases drawn at random "
           f"({', '.join(map(str, sizes))} ranks): every rank holds its a/cp heads over the whole "
           "sequence, moved by all-to-all, (cp - 1)/cp of its tokens sent")
 
 
-def _check_case(seq_to_heads, rng, cp, timeout):
+def _check_case(seq_to_heads, rng, cp, h, n, timeout):
     __tracebackhide__ = True
-    b, n, d = rng.randint(1, 2), rng.randint(1, 3), rng.randint(1, 4)
-    a = cp * rng.randint(1, 2)
+    b, d, a = rng.randint(1, 2), rng.randint(1, 4), cp * h
     dtype = rng.choice([torch.float32, torch.float64])
     whole = normal((b, a, n * cp, d), rng, dtype)  # (b, a, s, d): random, no two values alike
     shards = list(whole.split(n, dim=2))  # rank r: tokens r·n .. (r+1)·n - 1 of every head
@@ -70,7 +74,6 @@ def _check_case(seq_to_heads, rng, cp, timeout):
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
                             why_forbidden=WHY_ALL_TO_ALL, harness=_in_rank,
                             guard=refuse_context, timeout=timeout)
-    h = a // cp
     for r, ((got, leaving), after) in enumerate(outcomes):
         if not torch.equal(after[0], shards[r]):
             fail(where, r, "changed x in place: the caller's tensor must keep its values",
@@ -125,8 +128,8 @@ def _hint(source, r, h, head, pos, s):
         return (f"the right token, the wrong head: rank {r} holds heads {r * h} to "
                 f"{(r + 1) * h - 1}, consecutive, the r-th group of a/cp")
     if source[0] == r * h + head:
-        return ("the right head, the tokens out of order: rank i's tokens come first in its "
-                "block, i·s/cp to (i+1)·s/cp - 1, in rank order")
+        return ("the right head, the tokens out of order: the s/cp tokens received from rank i "
+                "are positions i·s/cp to (i+1)·s/cp - 1 of the result, in rank order")
     return ULYSSES_HINT
 
 
