@@ -3,6 +3,8 @@ of two blocks' attention must equal one softmax over all the keys (float64, comp
 check); the solution and other correct merges pass, the usual mistakes fail with a hint, and
 the lesson's merge, torch's and the check's own reference are refused."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -97,3 +99,25 @@ def test_the_answers_are_refused(wrong, says):
     from dlcourse.parallel.context import merge  # put back afterwards
     assert merge(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1), torch.ones(1, 1, 1, 1),
                  torch.zeros(1, 1, 1))[0].item() == 0.5
+
+
+def reads_the_checks_frames(out_1, lse_1, out_2, lse_2):
+    """The escape of issue 28: walk up into the check and take its expected answer. None is
+    there while this runs (computed after it returns); the case's seed is, and the check's
+    function that turns it into the answer is refused."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if isinstance(value, tuple) and len(value) == 2 and all(
+                    isinstance(t, torch.Tensor) and t.shape[:3] == out_1.shape[:3] for t in value):
+                return value  # an (out, lse) of the whole attention, if a frame held one
+        if "case" in frame.f_locals:
+            from dlcourse.checks.context_parallel import merge
+            return merge._whole(*frame.f_locals["case"])
+        frame = frame.f_back
+    return None
+
+
+def test_the_checks_frames_hold_no_answer():
+    first, _ = first_line_and_hint(check_merge_partials, reads_the_checks_frames)
+    assert "called the check's _whole, which this exercise does not allow" in first, first

@@ -14,7 +14,7 @@ overflows (e^709 is float64's largest, e^88.7 float32's), and float32.
 
 import torch
 
-from dlcourse.checks.context_parallel.reference import attention, normal
+from dlcourse.checks.context_parallel.reference import attention
 from dlcourse.checks.context_parallel.refusals import context_guard_for
 from dlcourse.checks.core import call_in_process, describe, expect_callable, fail, fresh_cases
 
@@ -37,14 +37,12 @@ def _cases(rng):
 
 
 def _problem(rng, causal, dtype, scale, swap):
-    """The partial results the student merges and the whole attention they must make."""
+    """The partial results the student merges, where they come from, and the case's name."""
     b, a, d = rng.randint(1, 2), rng.randint(1, 3), rng.randint(2, 8)
     s = rng.randint(4, 12)
     t = rng.randint(1, s - 1)  # the keys split at t: block 1 holds 0..t-1, block 2 t..s-1
-    q = normal((b, a, s, d), rng, scale=scale)  # scores ~ scale · N(0, 1)
-    k, v = normal((b, a, s, d), rng), normal((b, a, s, d), rng)
-    pos = torch.arange(s)
-    whole = attention(q, k, v, pos, pos, causal)
+    case = ((b, a, s, d), rng.randrange(2**62), scale, causal)
+    q, k, v, pos = _qkv(*case)
     parts = [attention(q, k[:, :, keys], v[:, :, keys], pos, pos[keys], causal)
              for keys in (slice(0, t), slice(t, s))]  # queries before t see nothing of block 2
     if swap:
@@ -53,7 +51,21 @@ def _problem(rng, causal, dtype, scale, swap):
     where = (f"merge_partials(out_1, lse_1, out_2, lse_2) of {s} queries over {t} and {s - t} "
              f"keys{' (block 2 first)' if swap else ''}, {'causal' if causal else 'no mask'}, "
              f"out_1: {describe(args[0])}, scores ~{scale:g} x N(0, 1)")
-    return args, whole, where
+    return args, case, where
+
+
+def _qkv(shape, seed, scale, causal):
+    """q (scores ~ scale x N(0, 1)), k, v and the positions of a case, from its seed."""
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(shape, generator=generator, dtype=torch.float64) for _ in range(3))
+    return scale * q, k, v, torch.arange(shape[2])
+
+
+def _whole(shape, seed, scale, causal):
+    """The attention over all the keys: one softmax, computed after the student's merge
+    returned (nothing of it exists while the student's code runs)."""
+    q, k, v, pos = _qkv(shape, seed, scale, causal)
+    return attention(q, k, v, pos, pos, causal)
 
 
 @fresh_cases
@@ -64,9 +76,10 @@ def check_merge_partials(merge_partials, *, rng):
     expect_callable(merge_partials, "merge_partials")
     cases = _cases(rng)
     for causal, dtype, scale, swap in cases:
-        args, (out, lse), where = _problem(rng, causal, dtype, scale, swap)
+        args, case, where = _problem(rng, causal, dtype, scale, swap)
         got = call_in_process(merge_partials, args, exercise="merge_partials", where=where,
                               guard=context_guard_for, hint=MERGE_HINT)
+        out, lse = _whole(*case)
         got_out, got_lse = _two_tensors(got, out, lse, where)
         rtol, atol = TOLERANCE[dtype]
         _expect_close(got_lse, lse, "lse", args, where, rtol, atol)

@@ -5,7 +5,10 @@
 - torch's context parallelism (torch 2.13, `torch.distributed.tensor.experimental`:
   `context_parallel`, its ring and its merger `_SDPAMerger`, its K/V rotaters, its load
   balancers, `_HeadTailLoadBalancer` being the zig-zag layout);
-- these checks' own references (`reference.py`).
+- these checks' own code, every function of `dlcourse.checks.context_parallel` (the references
+  in `reference.py`, the cases and helpers of each check, private ones too): a check's
+  reference is an answer key. (The expected results are computed after the student's function
+  returned, or in the checking process while it runs on ranks: no frame holds them.)
 """
 
 import inspect
@@ -13,7 +16,7 @@ import inspect
 from dlcourse.checks.answers import library_answers, package_modules, refusing_answers
 
 PACKAGE = "dlcourse.parallel.context"
-REFERENCES = "dlcourse.checks.context_parallel.reference"
+CHECKS = "dlcourse.checks.context_parallel"
 WHY = "it is the lesson's answer to this exercise; write it yourself"
 _CP = "torch.distributed.tensor.experimental._context_parallel"
 # torch's context parallelism, by the modules that bind it: (module, attribute); those missing
@@ -28,11 +31,11 @@ TORCH_ANSWERS = [("torch.distributed.tensor.experimental", "context_parallel")] 
 
 
 def context_answers():
-    """[(name, object)]: the lesson's package, torch's context parallelism, the references."""
+    """[(name, object)]: the lesson's package, torch's context parallelism, these checks."""
     found = {}
     for name, obj in (library_answers(PACKAGE, TORCH_ANSWERS)
                       + _defined_in(PACKAGE, "{name} from {module}")
-                      + _defined_in(REFERENCES, "the check's {name}")):
+                      + _defined_in(CHECKS, "the check's {name}")):
         found.setdefault(id(obj), (name, obj))  # each once
     return list(found.values())
 
