@@ -154,6 +154,22 @@ def from_the_lesson(q, kv, out, lse, q_pos, kv_pos, group):
     return out, lse, kv_next
 
 
+def returns_the_block_it_sent(q, kv, out, lse, q_pos, kv_pos, group):
+    ring_attention_step(q, kv, out, lse, q_pos, kv_pos, group)
+    return (*ring_attention_step(q, kv, out, lse, q_pos, kv_pos, group)[:2], kv)
+
+
+def only_for_four_ranks(q, kv, out, lse, q_pos, kv_pos, group):  # the lesson's cp = 4
+    rank = dist.get_rank(group)
+    kv_next = torch.empty_like(kv)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % 4, group),
+                                    dist.P2POp(dist.irecv, kv_next, (rank - 1) % 4, group)])
+    out, lse = _merge(out, lse, *_block(q, kv, q_pos[:, None] >= kv_pos[None, :]))
+    for work in works:
+        work.wait()
+    return out, lse, kv_next
+
+
 WHERE = "ring_attention_step on "
 
 
@@ -164,12 +180,21 @@ WHERE = "ring_attention_step on "
     (softmax_without_the_max, "causal attention over the blocks", "overflows float64"),
     (replaces_instead_of_merging, "at step 1 (holding rank ", "this block's attention alone"),
     (from_the_lesson, "called start_exchange from dlcourse.parallel.context.ring", None),
+    (returns_the_block_it_sent, "returned the block it sent as kv_next", None),
 ])
 def test_wrong_ring_steps_fail_saying_why(wrong, says, hint):
     first, rest = first_line_and_hint(check_ring_attention_step, wrong)
     assert first.startswith(WHERE) and says in first, first
     if hint:
         assert hint in rest, rest
+
+
+def test_a_ring_of_four_fails_on_other_sizes():
+    # a case with cp != 4 comes in every run: a rank that is not there raises, or a ring
+    # with a missing link waits (reported at the timeout)
+    first, _ = first_line_and_hint(check_ring_attention_step, only_for_four_ranks,
+                                   timeout=HANG_TIMEOUT_S)
+    assert first.startswith(WHERE) and "on 4 ranks" not in first, first
 
 
 def test_blocking_sends_on_every_rank_deadlock_and_say_so():
