@@ -146,6 +146,22 @@ def replaces_instead_of_merging(q, kv, out, lse, q_pos, kv_pos, group):
     return out, lse, kv_next
 
 
+def recomputes_from_kept_blocks(q, kv, out, lse, q_pos, kv_pos, group, kept=[]):
+    """No merge: keeps every block it held (the whole K/V in the end) and recomputes; right
+    from (0, -inf), wrong where the (out, lse) it is given holds keys it never saw."""
+    rank, cp = dist.get_rank(group), dist.get_world_size(group)
+    kv_next = torch.empty_like(kv)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % cp, group),
+                                    dist.P2POp(dist.irecv, kv_next, (rank - 1) % cp, group)])
+    kept.append((kv.clone(), kv_pos.clone()))
+    k_all, v_all = (torch.cat([b[i] for b, _ in kept], dim=2) for i in (0, 1))
+    pos = torch.cat([p for _, p in kept])
+    out, lse = _block(q, torch.stack([k_all, v_all]), q_pos[:, None] >= pos[None, :])
+    for work in works:
+        work.wait()
+    return out, lse, kv_next
+
+
 def from_the_lesson(q, kv, out, lse, q_pos, kv_pos, group):
     from dlcourse.parallel.context.ring import start_exchange, wait
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
@@ -176,11 +192,14 @@ WHERE = "ring_attention_step on "
 @pytest.mark.parametrize("wrong, says, hint", [
     (gathers_the_blocks, "called dist.all_gather, which this exercise does not allow", None),
     (diagonal_masked, "at step 0 (holding rank ", "each query's own key is masked"),
-    (local_positions, "causal attention over the blocks of ranks", "built from local indices"),
-    (softmax_without_the_max, "causal attention over the blocks", "overflows float64"),
-    (replaces_instead_of_merging, "at step 1 (holding rank ", "this block's attention alone"),
+    (local_positions, "the blocks of ranks", "built from local indices"),
+    (softmax_without_the_max, "causal attention over the", "overflows float64"),
+    # at step 0 of the case that starts from a prefix, else at step 1: either names the merge
+    (replaces_instead_of_merging, " (holding rank ", "alone: merge"),
     (from_the_lesson, "called start_exchange from dlcourse.parallel.context.ring", None),
     (returns_the_block_it_sent, "returned the block it sent as kv_next", None),
+    (recomputes_from_kept_blocks, "causal attention over the prefix and the blocks of ranks",
+     "that is attention over the blocks alone"),
 ])
 def test_wrong_ring_steps_fail_saying_why(wrong, says, hint):
     first, rest = first_line_and_hint(check_ring_attention_step, wrong)

@@ -6,12 +6,13 @@ ring_attention_step(q, kv, out, lse, q_pos, kv_pos, group) -> (out, lse, kv_next
 block this rank holds, kv (2, b, a, n, d), to its neighbour on the ring and receive the next one
 from the other side, attend the queries q (b, a, n, d) to kv under the causal mask (from the
 global positions q_pos and kv_pos), and merge that into the running (out, lse). The check's
-harness (`_ring_in_rank`) calls it cp times on each of cp ranks, from out = 0 and lse = -inf,
-each rank sent only its own tokens; after step j the result must equal plain causal attention
-over the j + 1 blocks the rank has held (`reference.attention`, float64, computed here after the
-ranks returned), the block received must be the neighbour's, and it must have come through
-send/recv (collectives refused), one block's bytes to one neighbour per step. A ring either way
-round passes. Cases drawn per run: 2 to 5 ranks, contiguous and zig-zag layouts, one case with
+harness (`_ring_in_rank`) calls it cp times on each of cp ranks, from out = 0 and lse = -inf
+(in one case from the attention over a prefix of keys every query sees, so that a step that
+recomputes from blocks it kept instead of merging into what it is given fails), each rank sent
+only its own tokens; after step j the result must equal plain causal attention over the keys
+the rank has seen (`reference.attention`, float64, computed here after the ranks returned), the
+block received must be the neighbour's, and it must have come through send/recv (collectives
+refused), one block's bytes to one neighbour per step. A ring either way round passes. Cases drawn per run: 2 to 5 ranks, contiguous and zig-zag layouts, one case with
 scores in the thousands (exp overflows float64 there unless the max is subtracted).
 """
 
@@ -40,15 +41,24 @@ RING_HINT = ("send kv to rank (rank + 1) % cp, receive the next block from (rank
 RTOL, ATOL = 1e-10, 1e-12
 
 
-def _case(rng, cp, layout, scale):
-    """Each rank's q and kv (2, b, a, n, d), the positions table (cp, n), the fingerprints."""
+def _case(rng, cp, layout, scale, prefixed):
+    """Each rank's q and kv (2, b, a, n, d), the positions table (cp, n), and a prefix: keys
+    and values (2, b, a, m, d) at position -1 that every query sees, or None."""
     b, a, d = rng.randint(1, 2), rng.randint(1, 2), rng.randint(2, 4)
     n = 2 * rng.randint(1, 2) if layout == "zigzag" else rng.randint(2, 4)
     place = zigzag if layout == "zigzag" else contiguous
     positions = torch.tensor([place(r, cp, n * cp) for r in range(cp)])  # (cp, n)
     qs = [normal((b, a, n, d), rng, scale=scale) for _ in range(cp)]  # scores ~ scale x N(0,1)
     kvs = [normal((2, b, a, n, d), rng) for _ in range(cp)]
-    return qs, kvs, positions
+    prefix = normal((2, b, a, rng.randint(1, 3), d), rng) if prefixed else None
+    return qs, kvs, positions, prefix
+
+
+def _start(q, prefix):
+    """(out, lse) before the first step: nothing seen (0, -inf), or the prefix's attention."""
+    if prefix is None:
+        return torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+    return attention(q, prefix[0], prefix[1], None, None, causal=False)
 
 
 def fingerprint(kv):
@@ -56,14 +66,14 @@ def fingerprint(kv):
     return torch.stack([kv.sum(), (kv * kv).sum()])
 
 
-def _ring_in_rank(student, q, kv, positions, fingerprints):
-    """Runs in every rank: cp steps of the student's ring, from out = 0 and lse = -inf. Per
+def _ring_in_rank(student, q, kv, positions, fingerprints, prefix):
+    """Runs in every rank: cp steps of the student's ring, from out = 0 and lse = -inf, or from
+    the attention over a prefix (so that a step must merge into what it is given). Per
     step: (whose block it held, out, lse, whose block came back or None, the send/recv it made
     as (op, peer, bytes), a problem with what it returned or None). Every rank makes all cp
     calls whatever it got, so that one rank's mistake does not leave the others waiting."""
     rank, cp = dist.get_rank(), dist.get_world_size()
-    out = torch.zeros_like(q)  # (b, a, n, d)
-    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)  # (b, a, n): no key seen yet
+    out, lse = _start(q, prefix)  # (b, a, n, d), (b, a, n)
     held, steps = rank, []
     for _ in range(cp):
         with CommCounter() as comm:
@@ -110,22 +120,26 @@ def check_ring_attention_step(ring_attention_step, timeout=CHECK_TIMEOUT_S, *, r
     sizes = world_sizes(rng, 3, 2, 5)
     layouts = ["contiguous", "zigzag", rng.choice(["contiguous", "zigzag"])]
     scales = [1.0, 1.0, 1000.0]
+    prefixed = [True, False, False]  # one case starts from a prefix's (out, lse), not (0, -inf)
     rng.shuffle(layouts)
-    for cp, layout, scale in zip(sizes, layouts, scales):
-        _check_case(ring_attention_step, rng, cp, layout, scale, timeout)
+    for case in zip(sizes, layouts, scales, prefixed):
+        _check_case(ring_attention_step, rng, *case, timeout)
     print(f"ring_attention_step: passed on {len(sizes)} cases drawn at random "
           f"({', '.join(map(str, sizes))} ranks; contiguous and zig-zag; scores up to "
-          "thousands): after every step each rank's output equals causal attention over the "
-          "blocks it has held, the blocks went around the ring by send/recv, one block a step")
+          "thousands; one from a prefix's result): after every step each rank's output equals "
+          "causal attention over the keys it has seen, the blocks went around the ring by "
+          "send/recv, one block a step")
 
 
-def _check_case(step_fn, rng, cp, layout, scale, timeout):
+def _check_case(step_fn, rng, cp, layout, scale, prefixed, timeout):
     __tracebackhide__ = True
-    qs, kvs, positions = _case(rng, cp, layout, scale)
+    qs, kvs, positions, prefix = _case(rng, cp, layout, scale, prefixed)
     fingerprints = torch.stack([fingerprint(kv) for kv in kvs])  # (cp, 2)
     where = (f"ring_attention_step on {cp} ranks, {layout} layout, q: {describe(qs[0])}, "
-             f"scores ~{scale:g} x N(0, 1)")
-    outcomes = run_on_ranks(step_fn, [(q, kv, positions, fingerprints)
+             f"scores ~{scale:g} x N(0, 1)"
+             + (f", starting from the (out, lse) of {prefix.size(3)} keys every query sees"
+                if prefixed else ""))
+    outcomes = run_on_ranks(step_fn, [(q, kv, positions, fingerprints, prefix)
                                       for q, kv in zip(qs, kvs)],
                             exercise="ring_attention_step", where=where, hint=RING_HINT,
                             forbid=COLLECTIVES, why_forbidden=WHY_P2P, hang_hint=RING_HANG,
@@ -134,7 +148,7 @@ def _check_case(step_fn, rng, cp, layout, scale, timeout):
     direction = _direction(steps, cp)
     for j in range(cp):
         for r in range(cp):
-            _expect_step(steps[r], j, r, qs[r], kvs, positions, where)
+            _expect_step(steps[r], j, r, qs[r], kvs, positions, prefix, where)
         for r in range(cp):
             _expect_transfer(steps[r][j], j, r, cp, direction, kvs[r], where)
 
@@ -146,35 +160,45 @@ def _direction(steps, cp):
     return -1 if src == 1 % cp and cp > 2 else 1
 
 
-def _expect_step(steps, j, r, q, kvs, positions, where):
-    """After step j rank r's (out, lse) is attention over the blocks it held at steps 0..j."""
+def _keys(kvs, positions, owners, prefix):
+    """The keys a rank has seen after holding the blocks of `owners` (the prefix's first):
+    k, v (b, a, m, d), their global positions and their local indices (m,) (the prefix's -1)."""
+    blocks = ([prefix] if prefix is not None else []) + [kvs[o] for o in owners]
+    k, v = (torch.cat([block[i] for block in blocks], dim=2) for i in (0, 1))
+    before = [torch.full((prefix.size(3),), -1)] if prefix is not None else []
+    k_pos = torch.cat(before + [positions[o] for o in owners])
+    local = torch.cat(before + [torch.arange(positions.size(1)) for _ in owners])
+    return k, v, k_pos, local
+
+
+def _expect_step(steps, j, r, q, kvs, positions, prefix, where):
+    """After step j rank r's (out, lse) is attention over the keys it has seen: the prefix, if
+    any, and the blocks it held at steps 0..j."""
     __tracebackhide__ = True
     held, out, lse, _, _, problem = steps[j]
     at = f"at step {j} (holding rank {held}'s block)"
     if problem is not None:
         fail(where, r, f"{at} {problem}", RING_HINT)
     owners = [s[0] for s in steps[:j + 1]]
-    k = torch.cat([kvs[o][0] for o in owners], dim=2)  # (b, a, (j + 1) n, d)
-    v = torch.cat([kvs[o][1] for o in owners], dim=2)
-    k_pos = torch.cat([positions[o] for o in owners])
+    k, v, k_pos, _ = _keys(kvs, positions, owners, prefix)
     want_out, want_lse = attention(q, k, v, positions[r], k_pos)
+    seen = ("the prefix and " if prefix is not None else "") + f"the blocks of ranks {owners}"
     for name, got, want in (("lse", lse, want_lse), ("out", out, want_out)):
         ok = torch.isclose(got, want, rtol=RTOL, atol=ATOL)
         if ok.all():
             continue
         i = tuple((~ok).nonzero()[0].tolist())
         fail(where, r, f"{at}: {name}{list(i)} is {got[i].item():.6g}, causal attention over "
-                       f"the blocks of ranks {owners} gives {want[i].item():.6g} "
+                       f"{seen} gives {want[i].item():.6g} "
                        f"({int((~ok).sum())} of {ok.numel()} differ)",
-             _explain(name, got, q, kvs, held, owners, positions, r, j))
+             _explain(name, got, q, kvs, held, owners, positions, prefix, r, j))
 
 
-def _explain(name, got, q, kvs, held, owners, positions, r, j):
+def _explain(name, got, q, kvs, held, owners, positions, prefix, r, j):
     """The hint for the commonest mistakes, recognised by what came back."""
-    k, v = (torch.cat([kvs[o][i] for o in owners], dim=2) for i in (0, 1))
-    q_pos, k_pos = positions[r], torch.cat([positions[o] for o in owners])
-    n = q.size(2)
-    local = torch.arange(n).repeat(len(owners))
+    k, v, k_pos, local = _keys(kvs, positions, owners, prefix)
+    q_pos, n = positions[r], q.size(2)
+    pick = 0 if name == "out" else 1
     variants = [
         (q_pos[:, None] > k_pos[None, :], "each query's own key is masked: a query at position "
          "i sees the keys at positions j <= i, itself included (the diagonal)"),
@@ -184,11 +208,15 @@ def _explain(name, got, q, kvs, held, owners, positions, r, j):
         (None, "no causal mask: a query sees the keys at or before its own position only"),
     ]
     for seen, says in variants:
-        want = attention_where(q, k, v, seen)[0 if name == "out" else 1]
-        if torch.allclose(got, want, rtol=1e-8, atol=1e-10):
+        if torch.allclose(got, attention_where(q, k, v, seen)[pick], rtol=1e-8, atol=1e-10):
             return says
+    if prefix is not None:
+        k, v, k_pos, _ = _keys(kvs, positions, owners, None)
+        if torch.allclose(got, attention(q, k, v, q_pos, k_pos)[pick], rtol=1e-8, atol=1e-10):
+            return ("that is attention over the blocks alone: merge the block into the (out, "
+                    "lse) the step is given, which may hold keys it never saw (here a prefix)")
     alone = attention(q, kvs[held][0], kvs[held][1], q_pos, positions[held])
-    if j > 0 and torch.allclose(got, alone[0 if name == "out" else 1], rtol=1e-8, atol=1e-10):
+    if j > 0 and torch.allclose(got, alone[pick], rtol=1e-8, atol=1e-10):
         return ("that is this block's attention alone: merge it into the running (out, lse) "
                 "with the log-sum-exps, as in exercise 1")
     if not torch.isfinite(got).all() and float(q.abs().max()) > 100:
