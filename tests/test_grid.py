@@ -8,7 +8,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import dlcourse
 from dlcourse.models import GPTConfig
-from dlcourse.parallel.grid import AXES, RankGrid
+from dlcourse.parallel.grid import RankGrid
 
 
 @pytest.mark.parametrize("grid", [RankGrid(dp=2, tp=3, pp=2), RankGrid(dp=3, tp=1, pp=4),
