@@ -216,14 +216,18 @@ def activation_formula(config, plan, batch):
     ends of a rank's stage (lesson 06's `stage_boundaries`) on one micro-batch of
     batch / (dp x m) sequences, times the micro-batches its schedule holds at once
     (`in_flight_peak`); the busiest rank's. The batch itself is not counted. With cp > 1
-    (tp = 1): lesson 08's saved tensors of one cp rank (`cp_saved_tensors`) on batch / dp."""
+    (tp = 1): lesson 08's saved tensors of one cp rank (`cp_saved_tensors`) on batch / dp, and
+    this rank's token ids and targets, int64 copies the step cuts out of the batch (a zig-zag
+    shard is no view of it) that the embedding and the loss save."""
     g, m = plan.grid, plan.micro_batches
     micro = batch // (g.dp * m)
     if g.cp > 1:
         if g.tp > 1:
             raise ValueError("no activation count for cp with tp here: lesson 08 counts a cp "
                              "rank of the plain GPT, lesson 04 a tp rank without cp")
-        return sum(r.nbytes for r in cp_saved_tensors(config, micro, g.cp, plan.cp_method))
+        shards = 2 * micro * (config.seq_len // g.cp) * 8  # ids and targets, (B/dp, s/cp)
+        return shards + sum(r.nbytes for r in cp_saved_tensors(config, micro, g.cp,
+                                                                plan.cp_method))
     bounds = stage_boundaries(config.n_layers, g.pp)
     per_stage = {s: _stage_activation_bytes(config, micro, g.tp, s == 0, s == g.pp - 1,
                                             bounds[s + 1] - bounds[s], plan.sequence_parallel)
