@@ -12,16 +12,18 @@ module-level state: a notebook cell that builds a second grid gets its own group
 The order of the axes, outermost first, decides which ranks are neighbours. The default
 ("pp", "dp", "cp", "tp") puts tp innermost: tensor-parallel ranks are consecutive, so on a real
 cluster they share a node and its fast links. cp comes next: its ring passes K and V every
-layer, more often than dp's once-a-step gradients. This is Megatron-LM's order (tp-cp-dp-pp from
-the innermost, `parallel_state.initialize_model_parallel`) and torchtitan's mesh
-("pp", "dp_shard", "cp", "tp"). A grid with cp = 1 leaves cp out of its default order, so the
-three-axis grids of lessons 04-07 are what they were; an `order` may leave cp out when cp = 1.
+layer, more often than dp's once-a-step gradients. This is Megatron-LM's order (its default
+"tp-cp-ep-dp-pp", innermost first, in `parallel_state.initialize_model_parallel`; ep is lesson
+09's) and torchtitan's mesh ("pp", "dp_replicate", "dp_shard", "cp", "tp"). A grid with cp = 1
+leaves cp out of its default order, so the three-axis grids of lessons 04-07 are what they were;
+an `order` may leave cp out when cp = 1.
 
 The dp x cp replicas. Every cp rank holds the same weights and trains them on its part of each
 sequence, so the gradients are averaged over dp x cp ranks, not dp alone: `groups.dp_cp`, the
-ranks that differ only on dp and cp (Megatron-LM's data-parallel group "with context parallel",
-torchtitan's flattened "dp_cp" mesh). It is made only when both dp > 1 and cp > 1; otherwise it
-is the dp or the cp group itself, which holds the same ranks.
+ranks that differ only on dp and cp (Megatron-LM's data-parallel group "with context parallel";
+torchtitan flattens the same two mesh axes into "dp_cp", and FSDP shards over "dp_shard_cp").
+It is made only when both dp > 1 and cp > 1; otherwise it is the dp or the cp group itself,
+which holds the same ranks.
 """
 
 import itertools
