@@ -6,9 +6,10 @@ at once, one per axis of the grid:
     pp   pipeline: each rank holds a run of consecutive blocks (lesson 06's `cut_stages`)
     tp   tensor parallel inside the stage: 1/tp of every weight matrix (lesson 04)
     cp   context parallel: 1/cp of every sequence's tokens, K/V passed by `cp_method` (lesson 08;
-         pp = 1, no ZeRO, no sequence parallelism)
+         pp = 1, no sequence parallelism)
     dp   data parallel around whatever the rank holds: replicas average their gradients
-         (lesson 03), or ZeRO partitions the model state between them (lesson 05, pp = 1)
+         (lesson 03), or ZeRO partitions the model state between them (lesson 05, pp = 1);
+         with cp > 1 the replicas are the dp x cp ranks that hold the same weights
 
     plan = GridPlan(RankGrid(dp=2, tp=2, pp=2), micro_batches=2)
     plan.check(config, batch=8)                      # before any process starts
@@ -56,7 +57,7 @@ PIPELINE_SCHEDULES = ("naive", "GPipe", "1F1B", "ZB-H1")  # one stage per rank (
 @dataclass(frozen=True)
 class GridPlan:
     grid: RankGrid  # the sizes of the dp, cp, tp and pp axes and their order
-    zero_stage: int = 0  # 0: plain data parallelism on dp; 1, 2, 3: ZeRO's stage on dp
+    zero_stage: int = 0  # 0: plain data parallelism on dp; 1, 2, 3: ZeRO's stage on dp (x cp)
     micro_batches: int = 1  # per dp replica and step; the pipeline needs at least pp
     schedule: str = "1F1B"  # the pipeline schedule (lesson 06), when pp > 1
     sequence_parallel: bool = False  # Korthikanti et al.'s sequence parallelism on tp (pp = 1)
@@ -95,10 +96,6 @@ class GridPlan:
             raise ValueError(f"cp {cp} with pp {self.grid.pp} is not built here: lesson 06's "
                              "stages are cut from the plain GPT and pass whole (b, T, h) "
                              "activations. Use pp=1 with cp > 1")
-        if self.zero_stage:
-            raise ValueError(f"cp {cp} with ZeRO stage {self.zero_stage} is not built here: ZeRO "
-                             "would have to shard over the dp x cp replicas. Use zero_stage=0 "
-                             "with cp > 1")
         if self.sequence_parallel:
             raise ValueError(f"cp {cp} with sequence_parallel is not built here: lesson 04's "
                              "sequence shards would cut each rank's s/cp tokens again, with "
@@ -122,7 +119,7 @@ class GridPlan:
 class GridTrainer:
     """One rank's part of the combined model and its optimizer; `combine` builds it."""
 
-    def __init__(self, plan, groups, modules, optimizer, loss_fn, tp_layout):
+    def __init__(self, plan, groups, modules, optimizer, loss_fn, tp_layout, cp_layout=None):
         self.plan, self.groups = plan, groups
         self.modules = modules  # pp = 1: [the (TP, ZeRO) model]; pp > 1: this rank's [Stage]
         self.optimizer, self.loss_fn = optimizer, loss_fn
@@ -130,8 +127,7 @@ class GridTrainer:
         replicas = plan.grid.dp * plan.grid.cp  # ranks that hold the same weights
         plain_dp = plan.grid.pp == 1 and not plan.zero_stage and replicas > 1
         self.dp_buckets = make_buckets(modules[0]) if plain_dp else None  # lesson 03, step 2
-        self.cp_layout = (cp_layout(modules[0].config, groups.cp, plan.cp_method)
-                          if plan.grid.cp > 1 else None)  # which tokens this rank holds
+        self.cp_layout = cp_layout  # cp > 1: lesson 08's `Layout`, which tokens this rank holds
 
     def train_step(self, x, y):
         """One AdamW step on the global batch (B, T). Returns this rank's loss (the mean over
@@ -145,7 +141,7 @@ class GridTrainer:
         model = self.modules[0]
         self.optimizer.zero_grad()
         loss = self.loss_fn(model(x), y)
-        loss.backward()  # TP's on groups.tp, CP's K/V on groups.cp, ZeRO 2/3's on groups.dp
+        loss.backward()  # TP's on groups.tp, CP's K/V on groups.cp, ZeRO 2/3's on groups.dp_cp
         if self.dp_buckets is not None:  # averaged over dp x cp (dp alone when cp = 1)
             all_reduce_buckets(self.dp_buckets, self.groups.dp_cp)
         self.optimizer.step()  # ZeroAdamW: reduce-scatter, Adam on the shard, all-gather
@@ -180,7 +176,7 @@ class GridTrainer:
 def combine(model, plan, groups, lr=1e-3, **adamw_kwargs):
     """The plain course GPT -> this rank's `GridTrainer` for `plan`, using `groups` (from
     `plan.grid.new_groups()`). pp = 1: TP over groups.tp, then CP over groups.cp on the TP
-    model (its a/tp heads), then plain DP over groups.dp_cp or ZeRO over groups.dp.
+    model (its a/tp heads), then plain DP or ZeRO over groups.dp_cp (groups.dp when cp = 1).
     pp > 1: cut into stages over groups.pp, TP inside each stage, DP over groups.dp.
     TP, CP and PP build copies; with tp = cp = pp = 1 the model itself is trained (ZeRO moves
     its parameters into flat buffers), as DDP trains the module it wraps."""
@@ -200,13 +196,14 @@ def combine(model, plan, groups, lr=1e-3, **adamw_kwargs):
         cp_parallel = cp_model if tp > 1 else context_parallel
         model = cp_parallel(model, groups.cp, plan.cp_method)  # logits (B, T/cp, V/tp)
     layout = _tp_layout([model])
+    tokens = cp_layout(model.config, groups.cp, plan.cp_method) if plan.grid.cp > 1 else None
     loss_fn = partial(vocab_parallel_lm_loss, group=groups.tp) if tp > 1 else lm_loss
     if plan.zero_stage:
-        model = zero(plan.zero_stage, model, groups.dp)  # shards what this tp rank holds
+        model = zero(plan.zero_stage, model, groups.dp_cp)  # what this tp rank holds, over dp x cp
         optimizer = ZeroAdamW(model, lr=lr, **adamw_kwargs)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **adamw_kwargs)
-    return GridTrainer(plan, groups, [model], optimizer, loss_fn, layout)
+    return GridTrainer(plan, groups, [model], optimizer, loss_fn, layout, tokens)
 
 
 def activation_formula(config, plan, batch):

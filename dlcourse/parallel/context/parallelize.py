@@ -87,10 +87,13 @@ class GlobalPositions(nn.Module):
     def __init__(self, pos_emb, positions):
         super().__init__()
         self.weight = pos_emb.weight  # (s, h), the same parameter
-        self.register_buffer("positions", positions, persistent=False)  # (n,) global
+        # (n,) global. Not a buffer: data-parallel wrappers copy the buffers of the group's
+        # first rank to the others (DDP; lesson 05's ZeRO), and over dp x cp ranks that would
+        # hand every cp rank the first one's positions (lesson 07's ZeRO x CP measured it).
+        self.positions = positions
 
     def forward(self, local):
-        return F.embedding(self.positions[local], self.weight)  # (n, h)
+        return F.embedding(self.positions.to(local.device)[local], self.weight)  # (n, h)
 
 
 def cp_block(block, group, layout, method):
