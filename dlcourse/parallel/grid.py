@@ -38,7 +38,7 @@ FLATTENED = {"dp_cp": ("dp", "cp")}  # a group over two axes: the ranks that sha
 
 @dataclass(frozen=True)
 class RankGrid:
-    dp: int = 1  # data-parallel replicas (ZeRO shards its state over this axis)
+    dp: int = 1  # data-parallel replicas (ZeRO shards its state over them, x cp with cp > 1)
     tp: int = 1  # tensor-parallel ranks: each holds 1/tp of every weight matrix
     pp: int = 1  # pipeline stages: each holds a run of consecutive layers
     cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence (lesson 08)
