@@ -155,3 +155,11 @@ def test_the_2x2x2_grid_on_eight_ranks_trains_like_one_process():
 def test_sizes_the_grid_cannot_cut_are_refused_before_any_process_starts(make, says):
     with pytest.raises(ValueError, match=says):
         make()
+
+
+def test_cp_rules_apply_only_with_cp():
+    """An odd sequence and dropout are refused by cp's layouts and kernels, not by grids without cp."""
+    odd = GPTConfig(vocab_size=32, seq_len=7, n_heads=4, hidden=16, dropout=0.1)
+    GridPlan(RankGrid(dp=4)).check(odd, BATCH)
+    with pytest.raises(ValueError, match="4 chunks \\(cp 2\\) do not divide the sequence of 7"):
+        GridPlan(RankGrid(dp=2, cp=2)).check(odd, BATCH)

@@ -106,9 +106,10 @@ class GridPlan:
         cannot be cut into."""
         self.grid.check_model(config, self.micro_batches)
         check_tp(config, self.grid.tp, self.sequence_parallel)  # tp divides seq_len, with SP
-        check_cp(config, self.grid.cp, self.cp_method)  # cp (zig-zag: 2 cp) divides seq_len
-        if self.cp_method == "ulysses":  # Ulysses splits each tp rank's a/tp heads over cp
-            check_ulysses(config.n_heads // self.grid.tp, self.grid.cp)
+        if self.grid.cp > 1:  # cp (zig-zag: 2 cp) divides seq_len; dropout 0
+            check_cp(config, self.grid.cp, self.cp_method)
+            if self.cp_method == "ulysses":  # Ulysses splits each tp rank's a/tp heads over cp
+                check_ulysses(config.n_heads // self.grid.tp, self.grid.cp)
         dp, m = self.grid.dp, self.micro_batches
         if batch is not None and batch % (dp * m):
             raise ValueError(
