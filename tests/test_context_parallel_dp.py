@@ -6,8 +6,9 @@ process on the whole batch, for every context-parallel method.
 Each dp replica takes half the sequences; each cp rank of it s/cp tokens of each (zig-zag
 chunks for the zig-zag ring). All four hold as many tokens, so the mean of their losses is the
 whole batch's; the gradients are averaged over the cp group, then over the dp group (the same
-`average_gradients`, another group). The groups are built by hand here: `RankGrid` has no cp
-axis yet.
+`average_gradients`, another group), which is one average over the dp x cp replicas, as lesson
+07's `combine` takes it (`groups.dp_cp`). The groups are lesson 07's `RankGrid(dp=2, cp=2)`'s,
+whose default order puts cp inside dp.
 
 Tolerance: float64, as `test_context_parallel_gpt.py` (the same sums in another order, ~1e-16
 relative, magnified by AdamW for near-zero gradient elements); measured at most 3e-15. We allow
@@ -16,11 +17,11 @@ relative, magnified by AdamW for near-zero gradient elements); measured at most 
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import dlcourse
 from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
 from dlcourse.parallel.context import METHODS, average_gradients, context_parallel, cp_layout
+from dlcourse.parallel.grid import RankGrid
 
 CFG = GPTConfig(vocab_size=32, seq_len=16, n_layers=2, n_heads=4, hidden=16)
 BATCH, STEPS, LR, TOL = 4, 3, 1e-3, 1e-11
@@ -41,11 +42,9 @@ def train(model, data, groups=()):
 def dp_cp_errors():
     """{(method, averaged over dp?): max |dp x cp - one process| over every weight}."""
     torch.set_default_dtype(torch.float64)
-    rank = dist.get_rank()
-    dp_rank, cp_rank = divmod(rank, CP)  # cp innermost: ranks 0, 1 share a sequence
-    cp_groups = [dist.new_group([d * CP + c for c in range(CP)]) for d in range(DP)]
-    dp_groups = [dist.new_group([d * CP + c for d in range(DP)]) for c in range(CP)]
-    cp_group, dp_group = cp_groups[dp_rank], dp_groups[cp_rank]
+    grid = RankGrid(dp=DP, cp=CP).new_groups()  # cp innermost: ranks 0, 1 share a sequence
+    dp_rank, cp_rank = grid.coords["dp"], grid.coords["cp"]
+    cp_group, dp_group = grid.cp, grid.dp
     data = synthetic_tokens(BATCH, CFG, seed=1)
     reference = train(GPT(CFG, seed=0), data)
     rows = slice(dp_rank * BATCH // DP, (dp_rank + 1) * BATCH // DP)  # this replica's sequences

@@ -66,10 +66,10 @@ def test_the_course_gpt_spec_counts_the_models_parameters():
 def test_planner_model_state_per_rank_matches_the_measured_grid(name):
     plan = PLANS[name]
     g = plan.grid
-    n_params = stage_params(course_spec(CFG.model), Layout(g.dp, g.tp, g.pp,
-                                                           zero_stage=plan.zero_stage))
-    want = model_state_bytes(n_params, dp=g.dp, zero_stage=plan.zero_stage,
-                             mixed_precision=False).total
+    layout = Layout(g.dp, g.tp, g.pp, zero_stage=plan.zero_stage, cp=g.cp)
+    n_params = stage_params(course_spec(CFG.model), layout)
+    want = model_state_bytes(n_params, dp=layout.replicas, zero_stage=plan.zero_stage,
+                             mixed_precision=False).total  # ZeRO would shard over dp x cp
     got = measured(g.world_size)[name]
     assert abs(got / want - 1) <= TOL, (
         f"{name}: the busiest rank holds {got:,} B, the planner's formula says {want:,.0f} B "

@@ -1,12 +1,15 @@
 """The strategies combined on one rank grid (lesson 07, `lessons/07_combining.ipynb`).
 
-A job of pp x dp x tp ranks (`RankGrid`) trains the course GPT with three strategies at once,
-one per axis of the grid:
+A job of pp x dp x cp x tp ranks (`RankGrid`) trains the course GPT with up to four strategies
+at once, one per axis of the grid:
 
     pp   pipeline: each rank holds a run of consecutive blocks (lesson 06's `cut_stages`)
     tp   tensor parallel inside the stage: 1/tp of every weight matrix (lesson 04)
+    cp   context parallel: 1/cp of every sequence's tokens, K/V passed by `cp_method` (lesson 08;
+         pp = 1, no sequence parallelism)
     dp   data parallel around whatever the rank holds: replicas average their gradients
-         (lesson 03), or ZeRO partitions the model state between them (lesson 05, pp = 1)
+         (lesson 03), or ZeRO partitions the model state between them (lesson 05, pp = 1);
+         with cp > 1 the replicas are the dp x cp ranks that hold the same weights
 
     plan = GridPlan(RankGrid(dp=2, tp=2, pp=2), micro_batches=2)
     plan.check(config, batch=8)                      # before any process starts
@@ -19,7 +22,9 @@ one per axis of the grid:
 Each strategy is the lesson's own code, handed the group of its axis; the only glue is here.
 A rank's tp group holds the same stage and the same data, its dp group the same stage and the
 same shards, its pp group the same tp shard of every stage: so every collective of a strategy
-runs between ranks that hold matching pieces.
+runs between ranks that hold matching pieces. A cp group holds the same weights and the same
+sequences, a different part of each; so with cp > 1 the gradients are averaged over dp x cp
+ranks (`groups.dp_cp`), not dp alone: each rank's loss is the mean over as many tokens.
 """
 
 from dataclasses import dataclass
@@ -32,6 +37,10 @@ from dlcourse.memory import gpt_saved_tensors
 from dlcourse.models import lm_loss
 from dlcourse.parallel.data.buckets import all_reduce_buckets, make_buckets
 from dlcourse.parallel.data.steps import shard_batch
+from dlcourse.parallel.context.measure import cp_saved_tensors
+from dlcourse.parallel.context.parallelize import (METHODS, check_cp, context_parallel, cp_layout,
+                                                   cp_model)
+from dlcourse.parallel.context.ulysses import check_ulysses
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.pipeline import SCHEDULES, cut_stages, split_micro_batches, stage_boundaries
 from dlcourse.parallel.pipeline import train_step as pipeline_train_step
@@ -47,11 +56,12 @@ PIPELINE_SCHEDULES = ("naive", "GPipe", "1F1B", "ZB-H1")  # one stage per rank (
 
 @dataclass(frozen=True)
 class GridPlan:
-    grid: RankGrid  # the sizes of the dp, tp and pp axes and their order
-    zero_stage: int = 0  # 0: plain data parallelism on dp; 1, 2, 3: ZeRO's stage on dp
+    grid: RankGrid  # the sizes of the dp, cp, tp and pp axes and their order
+    zero_stage: int = 0  # 0: plain data parallelism on dp; 1, 2, 3: ZeRO's stage on dp (x cp)
     micro_batches: int = 1  # per dp replica and step; the pipeline needs at least pp
     schedule: str = "1F1B"  # the pipeline schedule (lesson 06), when pp > 1
     sequence_parallel: bool = False  # Korthikanti et al.'s sequence parallelism on tp (pp = 1)
+    cp_method: str = "zigzag"  # lesson 08's METHODS, when cp > 1: the balanced ring by default
 
     def __post_init__(self):
         if self.zero_stage not in (0, 1, 2, 3):
@@ -73,13 +83,35 @@ class GridPlan:
         if self.grid.pp == 1 and self.micro_batches != 1:
             raise ValueError(f"micro_batches {self.micro_batches} only cut the batch for a "
                              "pipeline (pp > 1); with pp = 1 use micro_batches=1")
+        if self.cp_method not in METHODS:
+            raise ValueError(f"GridPlan.cp_method must be one of {sorted(METHODS)}, "
+                             f"got {self.cp_method!r}")
+        if self.grid.cp > 1:
+            self._check_cp_combines()
+
+    def _check_cp_combines(self):
+        """Refuse what cp > 1 is not built with here, each with the reason."""
+        cp = self.grid.cp
+        if self.grid.pp > 1:
+            raise ValueError(f"cp {cp} with pp {self.grid.pp} is not built here: lesson 06's "
+                             "stages are cut from the plain GPT and pass whole (b, T, h) "
+                             "activations. Use pp=1 with cp > 1")
+        if self.sequence_parallel:
+            raise ValueError(f"cp {cp} with sequence_parallel is not built here: lesson 04's "
+                             "sequence shards would cut each rank's s/cp tokens again, with "
+                             "positions of their own. Use sequence_parallel=False with cp > 1")
 
     def check(self, config, batch):
-        """Refuse, with the arithmetic, a grid the model or the batch cannot be cut into."""
+        """Refuse, with the arithmetic, a grid the model or the batch (None: not checked)
+        cannot be cut into."""
         self.grid.check_model(config, self.micro_batches)
         check_tp(config, self.grid.tp, self.sequence_parallel)  # tp divides seq_len, with SP
+        if self.grid.cp > 1:  # cp (zig-zag: 2 cp) divides seq_len; dropout 0
+            check_cp(config, self.grid.cp, self.cp_method)
+            if self.cp_method == "ulysses":  # Ulysses splits each tp rank's a/tp heads over cp
+                check_ulysses(config.n_heads // self.grid.tp, self.grid.cp)
         dp, m = self.grid.dp, self.micro_batches
-        if batch % (dp * m):
+        if batch is not None and batch % (dp * m):
             raise ValueError(
                 f"a batch of {batch} sequences does not split into dp {dp} x {m} micro-batches "
                 f"({batch} / {dp * m} = {batch / (dp * m):g}): use a multiple of {dp * m}")
@@ -88,26 +120,31 @@ class GridPlan:
 class GridTrainer:
     """One rank's part of the combined model and its optimizer; `combine` builds it."""
 
-    def __init__(self, plan, groups, modules, optimizer, loss_fn, tp_layout):
+    def __init__(self, plan, groups, modules, optimizer, loss_fn, tp_layout, cp_layout=None):
         self.plan, self.groups = plan, groups
         self.modules = modules  # pp = 1: [the (TP, ZeRO) model]; pp > 1: this rank's [Stage]
         self.optimizer, self.loss_fn = optimizer, loss_fn
         self.tp_layout = tp_layout  # name -> (tp_dim, tp_parts) of each tp-sharded parameter
-        plain_dp = plan.grid.pp == 1 and not plan.zero_stage and plan.grid.dp > 1
+        replicas = plan.grid.dp * plan.grid.cp  # ranks that hold the same weights
+        plain_dp = plan.grid.pp == 1 and not plan.zero_stage and replicas > 1
         self.dp_buckets = make_buckets(modules[0]) if plain_dp else None  # lesson 03, step 2
+        self.cp_layout = cp_layout  # cp > 1: lesson 08's `Layout`, which tokens this rank holds
 
     def train_step(self, x, y):
         """One AdamW step on the global batch (B, T). Returns this rank's loss (the mean over
-        its dp shard), or None on a pipeline rank without the last stage."""
+        its dp shard, and its cp part of each sequence), or None on a pipeline rank without
+        the last stage."""
         x, y = shard_batch((x, y), self.groups.dp)  # (B/dp, T): the same on a tp or pp group
+        if self.cp_layout is not None:  # (B/dp, T/cp): this rank's chunks, the same on tp
+            x, y = (self.cp_layout.shard(t, dist.get_rank(self.groups.cp)) for t in (x, y))
         if self.plan.grid.pp > 1:
             return self._pipeline_step(x, y)
         model = self.modules[0]
         self.optimizer.zero_grad()
         loss = self.loss_fn(model(x), y)
-        loss.backward()  # TP's collectives run inside, on groups.tp; ZeRO 2/3's on groups.dp
-        if self.dp_buckets is not None:
-            all_reduce_buckets(self.dp_buckets, self.groups.dp)  # averaged over dp only
+        loss.backward()  # TP's on groups.tp, CP's K/V on groups.cp, ZeRO 2/3's on groups.dp_cp
+        if self.dp_buckets is not None:  # averaged over dp x cp (dp alone when cp = 1)
+            all_reduce_buckets(self.dp_buckets, self.groups.dp_cp)
         self.optimizer.step()  # ZeroAdamW: reduce-scatter, Adam on the shard, all-gather
         return loss.item()
 
@@ -139,13 +176,13 @@ class GridTrainer:
 
 def combine(model, plan, groups, lr=1e-3, **adamw_kwargs):
     """The plain course GPT -> this rank's `GridTrainer` for `plan`, using `groups` (from
-    `plan.grid.new_groups()`). pp = 1: TP over groups.tp, then plain DP or ZeRO over groups.dp.
+    `plan.grid.new_groups()`). pp = 1: TP over groups.tp, then CP over groups.cp on the TP
+    model (its a/tp heads), then plain DP or ZeRO over groups.dp_cp (groups.dp when cp = 1).
     pp > 1: cut into stages over groups.pp, TP inside each stage, DP over groups.dp.
-    TP and PP build copies; with tp = pp = 1 the model itself is trained (ZeRO moves its
-    parameters into flat buffers), as DDP trains the module it wraps."""
+    TP, CP and PP build copies; with tp = cp = pp = 1 the model itself is trained (ZeRO moves
+    its parameters into flat buffers), as DDP trains the module it wraps."""
     plan.grid.check_world_size(dist.get_world_size())
-    plan.grid.check_model(model.config, plan.micro_batches)
-    check_tp(model.config, plan.grid.tp, plan.sequence_parallel)
+    plan.check(model.config, batch=None)
     tp = plan.grid.tp
     if plan.grid.pp > 1:
         stages = cut_stages(model, groups.pp)  # [this rank's Stage], plain layers
@@ -156,14 +193,18 @@ def combine(model, plan, groups, lr=1e-3, **adamw_kwargs):
         return GridTrainer(plan, groups, stages, optimizer, lm_loss, _tp_layout(stages))
     if tp > 1:
         model = parallelize(model, groups.tp, plan.sequence_parallel)  # logits (B, T, V/tp)
+    if plan.grid.cp > 1:  # the TP model holds groups, so it is changed in place, not copied
+        cp_parallel = cp_model if tp > 1 else context_parallel
+        model = cp_parallel(model, groups.cp, plan.cp_method)  # logits (B, T/cp, V/tp)
     layout = _tp_layout([model])
+    tokens = cp_layout(model.config, groups.cp, plan.cp_method) if plan.grid.cp > 1 else None
     loss_fn = partial(vocab_parallel_lm_loss, group=groups.tp) if tp > 1 else lm_loss
     if plan.zero_stage:
-        model = zero(plan.zero_stage, model, groups.dp)  # shards what this tp rank holds
+        model = zero(plan.zero_stage, model, groups.dp_cp)  # what this tp rank holds, over dp x cp
         optimizer = ZeroAdamW(model, lr=lr, **adamw_kwargs)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **adamw_kwargs)
-    return GridTrainer(plan, groups, [model], optimizer, loss_fn, layout)
+    return GridTrainer(plan, groups, [model], optimizer, loss_fn, layout, tokens)
 
 
 def activation_formula(config, plan, batch):
@@ -172,9 +213,19 @@ def activation_formula(config, plan, batch):
     (`gpt_saved_tensors`) or lesson 04's of one tp rank (`tp_saved_tensors`), for the blocks and
     ends of a rank's stage (lesson 06's `stage_boundaries`) on one micro-batch of
     batch / (dp x m) sequences, times the micro-batches its schedule holds at once
-    (`in_flight_peak`); the busiest rank's. The batch itself is not counted."""
+    (`in_flight_peak`); the busiest rank's. The batch itself is not counted. With cp > 1
+    (tp = 1): lesson 08's saved tensors of one cp rank (`cp_saved_tensors`) on batch / dp, and
+    this rank's token ids and targets, int64 copies the step cuts out of the batch (a zig-zag
+    shard is no view of it) that the embedding and the loss save."""
     g, m = plan.grid, plan.micro_batches
     micro = batch // (g.dp * m)
+    if g.cp > 1:
+        if g.tp > 1:
+            raise ValueError("no activation count for cp with tp here: lesson 08 counts a cp "
+                             "rank of the plain GPT, lesson 04 a tp rank without cp")
+        shards = 2 * micro * (config.seq_len // g.cp) * 8  # ids and targets, (B/dp, s/cp)
+        return shards + sum(r.nbytes for r in cp_saved_tensors(config, micro, g.cp,
+                                                                plan.cp_method))
     bounds = stage_boundaries(config.n_layers, g.pp)
     per_stage = {s: _stage_activation_bytes(config, micro, g.tp, s == 0, s == g.pp - 1,
                                             bounds[s + 1] - bounds[s], plan.sequence_parallel)

@@ -1,7 +1,8 @@
 """The tour's combined rows (lesson 07): the course GPT on a rank grid, each axis one strategy,
 with `dlcourse.parallel.combine` (lesson 03's DP or lesson 05's ZeRO on dp, lesson 04's TP on tp,
-lesson 06's pipeline on pp). Each plan needs its own number of ranks: 4 for the 2-D grids, 8 for
-dp x tp x pp; at another world size the tour says so and leaves the row out."""
+lesson 06's pipeline on pp, lesson 08's context parallelism on cp). Each plan needs its own
+number of ranks: 4 for the 2-D grids, 8 for dp x tp x pp; at another world size the tour says
+so and leaves the row out."""
 
 import statistics
 import time
@@ -22,6 +23,7 @@ PLANS = {  # row name -> the plan; micro-batches only where a pipeline needs the
     "TP x PP (lesson 07)": GridPlan(RankGrid(tp=2, pp=2), micro_batches=2),
     "ZeRO-3 x TP (lesson 07)": GridPlan(RankGrid(dp=2, tp=2), zero_stage=3),
     "DP x TP x PP (lesson 07)": GridPlan(RankGrid(dp=2, tp=2, pp=2), micro_batches=2),
+    "DP x CP (lessons 07-08)": GridPlan(RankGrid(dp=2, cp=2)),  # the zig-zag ring on cp
 }
 
 

@@ -68,14 +68,15 @@ class ContextParallelAttention(nn.Module):
         self.group, self.layout, self.attention = group, layout, attention
 
     def forward(self, x):
-        B, n, h = x.shape  # n = s/cp tokens of this rank
+        B, n, _ = x.shape  # n = s/cp tokens of this rank
         if n * self.layout.cp != self.layout.seq_len:
             raise ValueError(f"this rank holds {n} tokens; the layout needs s/cp = "
                              f"{self.layout.seq_len} / {self.layout.cp}")
-        q, k, v = self.qkv(x).split(h, dim=2)  # each (B, n, h)
-        q, k, v = (t.view(B, n, self.n_heads, h // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        # each (B, n, h); under lesson 04's TP (B, n, h/tp), this rank's a/tp heads (lesson 07)
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        q, k, v = (t.view(B, n, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
         y = self.attention(q, k, v, self.group, self.layout, causal=True)  # (B, a, n, hs)
-        y = y.transpose(1, 2).reshape(B, n, h)  # heads side by side again
+        y = y.transpose(1, 2).reshape(B, n, -1)  # heads side by side again
         return self.resid_dropout(self.proj(y))
 
 
@@ -86,10 +87,13 @@ class GlobalPositions(nn.Module):
     def __init__(self, pos_emb, positions):
         super().__init__()
         self.weight = pos_emb.weight  # (s, h), the same parameter
-        self.register_buffer("positions", positions, persistent=False)  # (n,) global
+        # (n,) global. Not a buffer: data-parallel wrappers copy the buffers of the group's
+        # first rank to the others (DDP; lesson 05's ZeRO), and over dp x cp ranks that would
+        # hand every cp rank the first one's positions (lesson 07's ZeRO x CP measured it).
+        self.positions = positions
 
     def forward(self, local):
-        return F.embedding(self.positions[local], self.weight)  # (n, h)
+        return F.embedding(self.positions.to(local.device)[local], self.weight)  # (n, h)
 
 
 def cp_block(block, group, layout, method):
@@ -100,10 +104,16 @@ def cp_block(block, group, layout, method):
 
 def context_parallel(model, group, method="ring", seq_len=None):
     """A copy of the plain `GPT` that runs on this rank's s/cp tokens of `group`'s sequences."""
+    return cp_model(copy.deepcopy(model), group, method, seq_len)
+
+
+def cp_model(model, group, method="ring", seq_len=None):
+    """`context_parallel` in place: `model` itself, changed and returned. For a model that holds
+    process groups and cannot be copied: lesson 04's `TensorParallelGPT`, whose a/tp heads per
+    rank then split their sequence over `group` (lesson 07's CP x TP grid)."""
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
     check_cp(model.config, cp, method, seq_len)
     layout = cp_layout(model.config, group, method, seq_len)
-    model = copy.deepcopy(model)
     model.pos_emb = GlobalPositions(model.pos_emb, layout.positions(rank))
     for block in model.blocks:
         cp_block(block, group, layout, method)
