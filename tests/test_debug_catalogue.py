@@ -13,6 +13,7 @@ import pytest
 
 from dlcourse.debug import SUBJECTS, DebugConfig, find_divergence, find_divergences
 from dlcourse.debug.bugs import CATALOGUE
+from dlcourse.debug.subjects import moe_model
 
 # bug -> (step, phase, name, ranks) the finder must report, and why it is that place.
 # Backward finishes ln_f first: the output layer is tied to tok_emb, whose gradient is done last.
@@ -37,14 +38,22 @@ EXPECTED = {
     "pp_loss_not_divided": (1, "gradients", "ln_f.weight", [0, 1]),
     # only the tied matrix misses a term: the first stage's copy lacks the output layer's
     "pp_tied_embeddings_unsynced": (1, "gradients", "tok_emb.weight", [0, 1]),
+    # the contiguous layout gives rank 0 tokens 0..s/2-1, whose local positions are the global
+    # ones; rank 1's are shifted by s/2 (under zig-zag both ranks would be wrong)
+    "cp_local_positions": (1, "activations", "pos_emb", [1]),
+    # the dense gradients stay right; the last block's experts are the first expert parameters
+    # backward finishes (its proj's bias and weight come from one node, the bias handed over first)
+    "ep_experts_all_reduced": (1, "gradients", "blocks.1.mlp.experts.proj.bias", [0, 1]),
     # replicated gradients (LayerNorms) average equal tp copies and stay right; the first
     # tp-sharded one in backward order averages two different shards
     "dp_tp_world_group": (1, "gradients", "blocks.1.mlp.proj.weight", [0, 1, 2, 3]),
 }
 # correct strategies of `dlcourse tour` that no bug above runs on: they must report nothing too
 TOUR_ROWS = ["torch DDP", "ZeRO stage 1 (lesson 05)", "ZeRO stage 3 (lesson 05)",
-             "PP GPipe (lesson 06)", "ZeRO-3 x TP (lesson 07)", "DP x PP (lesson 07)"]
+             "PP GPipe (lesson 06)", "ZeRO-3 x TP (lesson 07)", "DP x PP (lesson 07)",
+             "CP Ulysses (lesson 08)"]
 N_PARAMS = len(dict(DebugConfig().new_model().named_parameters()))  # 28 named tensors
+N_MOE_PARAMS = len(dict(moe_model(DebugConfig()).named_parameters()))  # lesson 09's MoE GPT
 
 
 def _cases(world_size):
@@ -87,7 +96,8 @@ def _control(reports, bug):
 def _check(reports, bug):
     control = _control(reports, bug)
     assert control.first is None, f"{bug}: the correct strategy diverges: {control}"
-    assert control.compared["gradients"] == N_PARAMS and control.compared["activations"] > 0
+    n_params = N_MOE_PARAMS if "MoE" in CATALOGUE[bug].subject else N_PARAMS
+    assert control.compared["gradients"] == n_params and control.compared["activations"] > 0
     first = _report(reports, bug).first
     assert first is not None, f"{bug}: the finder found nothing"
     assert (first.step, first.phase, first.name, first.ranks) == EXPECTED[bug], str(first)

@@ -25,7 +25,9 @@ from dlcourse.debug.subjects import DebugConfig
 from dlcourse.models import GPT
 from dlcourse.parallel import combine
 from dlcourse.parallel.data import overlap, steps
+from dlcourse.parallel.context.parallelize import GlobalPositions
 from dlcourse.parallel.data.buckets import all_reduce_buckets
+from dlcourse.parallel.expert import compare as ep_compare
 from dlcourse.parallel.pipeline import executor
 from dlcourse.parallel.tensor.comm import CopyToTensorParallel, g
 from dlcourse.parallel.tensor.layers import RowParallelLinear
@@ -90,6 +92,21 @@ def _loss_not_divided(logits, targets):
 
 
 executor_lm_loss, _MICRO = executor.lm_loss, 2
+
+
+def _local_positions(self, local):
+    """Context parallelism looking up positions 0..n-1 for a rank's n tokens, wherever they sit
+    in the sequence."""
+    return F.embedding(local, self.weight)
+
+
+def _experts_all_reduced(model, group):
+    """Every gradient all-reduced and averaged, experts too: each rank's experts are different
+    ones, so this adds up gradients of different experts."""
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+            p.grad.div_(dist.get_world_size(group))
 
 
 def _no_sync_ignored(self):
@@ -166,6 +183,18 @@ CATALOGUE = {
         "tp ranks' different shards are averaged together",
         "",
         ((combine, "all_reduce_buckets", _world_all_reduce_buckets),)),
+    "cp_local_positions": Bug(
+        "CP ring (lesson 08)",
+        "context parallelism embeds each rank's tokens at positions 0..s/cp-1 instead of the "
+        "positions they hold in the sequence",
+        "verl-project/verl#6267 (position_ids wrong on context-parallel ranks)",
+        ((GlobalPositions, "forward", _local_positions),)),
+    "ep_experts_all_reduced": Bug(
+        "EP + DP (lesson 09, MoE GPT)",
+        "the expert gradients all-reduced over the expert-parallel group like the dense ones: "
+        "the ranks hold different experts, so their gradients get mixed",
+        "",
+        ((ep_compare, "average_gradients", _experts_all_reduced),)),
     "dp_sync_every_micro_batch": Bug(
         "DP bucketed (lesson 03)",
         "gradient accumulation that all-reduces after every micro-batch: right, but m times the "

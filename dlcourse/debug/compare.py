@@ -18,7 +18,7 @@ TOLERANCE = 1e-9  # relative to max(1, the reference's largest |value|); see abo
 _PHASES = ("parameters before step 1", "activations", "gradients", "parameters after the step")
 
 
-def compare_trace(reference, trace, grad_order, subject, global_batch):
+def compare_trace(reference, trace, grad_order, subject, cfg):
     """[gap dicts] where this rank's trace (of `subject`) differs from the reference's, each with
     a `position` (step, phase, index in the reference's order) that orders them; and
     {phase: tensors compared in step 1}."""
@@ -28,7 +28,7 @@ def compare_trace(reference, trace, grad_order, subject, global_batch):
         for index, name in enumerate(names):
             if name not in mine:
                 continue
-            got = _view(ref[name], mine[name], subject, global_batch) if phase == _PHASES[1] else ref[name]
+            got = _view(ref[name], mine[name], subject, cfg) if phase == _PHASES[1] else ref[name]
             if got is None or got.shape != mine[name].shape:
                 continue
             compared[phase] = compared.get(phase, 0) + (step <= 1)
@@ -47,18 +47,21 @@ def _order(phase, ref, grad_order):
     return seen + [n for n in ref if n not in seen]
 
 
-def _view(ref, mine, subject, global_batch):
+def _view(ref, mine, subject, cfg):
     """The piece of the reference activation `ref` that this rank's `mine` should equal, or None."""
+    if subject.piece is not None:
+        return subject.piece(ref)
     if ref.shape == mine.shape:
         return ref
     dp_rank, dp = subject.dp
-    if ref.dim() and ref.size(0) == global_batch:  # batch rows: this rank's dp shard
+    if ref.dim() and ref.size(0) == cfg.global_batch:  # batch rows: this rank's dp shard
         ref = ref.tensor_split(dp)[dp_rank] if dp > 1 else ref
     if ref.shape == mine.shape:
         return ref
     tp_rank, tp = subject.tp
     if ref.dim() > 1 and tp > 1 and ref.size(1) == tp * mine.size(1):  # a sequence shard (SP)
         return ref.chunk(tp, dim=1)[tp_rank]
-    if mine.size(0) % ref.size(0) == 0:  # no batch dim (the positions), once per micro-batch
+    if ref.size(0) == cfg.model.seq_len and mine.size(0) % ref.size(0) == 0:  # the positions
+        # (s, h), no batch dim: a pipeline's first stage computes them once per micro-batch
         return ref.repeat(mine.size(0) // ref.size(0), *[1] * (ref.dim() - 1))
     return None

@@ -75,11 +75,11 @@ def record(subject, cfg, x, y):
         counter = counting[-1] if counting else None
         before = len(counter.records) if counter else 0
         with gradients_shown(subject.modules):
-            grads.update(subject.full_parameters())
+            grads.update(_copies(subject.full_parameters()))
         if counter:
             del counter.records[before:]  # the finder's own gathers are not the strategy's
     intercept_step(subject.optimizer, read_gradients)
-    trace, comm = [(0, PHASES[0], subject.full_parameters())], []
+    trace, comm = [(0, PHASES[0], _copies(subject.full_parameters()))], []
     for step in range(1, cfg.steps + 1):
         grads.clear()
         with CommCounter() as counter:
@@ -88,14 +88,21 @@ def record(subject, cfg, x, y):
             counting.pop()
         comm.append(Counter(r.op for r in counter.records))
         trace += [(step, PHASES[1], log.take()), (step, PHASES[2], dict(grads)),
-                  (step, PHASES[3], subject.full_parameters())]
+                  (step, PHASES[3], _copies(subject.full_parameters()))]
     log.remove()
     return trace, comm
 
 
-def reference_subject(cfg):
-    """The plain GPT in one process as a Subject: the whole batch, AdamW, torch's clipping."""
-    model = cfg.new_model()
+def _copies(tensors):
+    """Copies: a helper may hand back the live parameters (a replicated one, as it is)."""
+    return {name: t.detach().clone() for name, t in tensors.items()}
+
+
+def reference_subject(cfg, strategy):
+    """The plain model in one process as a Subject: the whole batch, AdamW, torch's clipping;
+    the GPT, or the strategy's own reference (lesson 09's MoE GPT)."""
+    model = strategy.reference(cfg) if strategy.reference else cfg.new_model()
+    loss_fn = strategy.loss or (lambda model, logits, y: lm_loss(logits, y))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     order = []
     for name, p in model.named_parameters():  # the order backward finishes the gradients
@@ -103,7 +110,7 @@ def reference_subject(cfg):
 
     def train_step(x, y):
         optimizer.zero_grad()
-        loss = lm_loss(model(x), y)
+        loss = loss_fn(model, model(x), y)
         loss.backward()
         if cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -120,12 +127,12 @@ def compare_on_rank(jobs):
     results = []
     for name, bug, cfg in jobs:
         x, y = cfg.data()
-        reference, order = reference_subject(cfg)
+        reference, order = reference_subject(cfg, SUBJECTS[name])
         ref_trace, _ = record(reference, cfg, x, y)
         with CATALOGUE[bug].patch() if bug else nullcontext():
             subject = SUBJECTS[name].build(cfg)
             trace, comm = record(subject, cfg, x, y)
-        gaps, compared = compare_trace(ref_trace, trace, order, subject, cfg.global_batch)
+        gaps, compared = compare_trace(ref_trace, trace, order, subject, cfg)
         results.append((gaps, compared, comm[0]))
     return results
 
