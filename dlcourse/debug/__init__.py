@@ -9,9 +9,11 @@ a parallel run parts from one process, and the call on which ranks stop agreeing
     hang.py        `CommTrace` per rank and `find_hang`: the first collective ranks disagree on
 """
 
-from dlcourse.debug.divergence import Divergence, Report, find_divergence, find_divergences
+from dlcourse.debug.divergence import (Divergence, Report, find_divergence, find_divergences,
+                                       loss_curves)
 from dlcourse.debug.hang import CommTrace, find_hang, launch_traced, read_traces
 from dlcourse.debug.subjects import SUBJECTS, DebugConfig, Subject
 
 __all__ = ["SUBJECTS", "CommTrace", "DebugConfig", "Divergence", "Report", "Subject",
-           "find_divergence", "find_divergences", "find_hang", "launch_traced", "read_traces"]
+           "find_divergence", "find_divergences", "find_hang", "launch_traced", "loss_curves",
+           "read_traces"]

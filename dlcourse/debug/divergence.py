@@ -28,6 +28,7 @@ from dlcourse.debug.capture import ActivationLog, gradients_shown, intercept_ste
 from dlcourse.debug.compare import compare_trace
 from dlcourse.debug.subjects import SUBJECTS, DebugConfig, Subject
 from dlcourse.models import lm_loss
+from dlcourse.tour.common import mean_loss
 
 PHASES = ("parameters before step 1", "activations", "gradients", "parameters after the step")
 
@@ -156,6 +157,33 @@ def find_divergences(cases, world_size=None, timeout=120):
 def find_divergence(subject, bug=None, cfg=None, timeout=120):
     """The report of one strategy (a name in SUBJECTS), with a bug of the catalogue switched on."""
     return find_divergences([(subject, bug, cfg)], timeout=timeout)[0]
+
+
+def losses_on_rank(jobs, n_steps):
+    """Run on every rank: for each job, the loss of n_steps steps in one process and with the
+    strategy (the bug's patch on), each the mean over the ranks that compute one."""
+    from dlcourse.debug.bugs import CATALOGUE
+    curves = []
+    for name, bug, cfg in jobs:
+        x, y = cfg.data()
+        reference, _ = reference_subject(cfg, SUBJECTS[name])
+        one = [reference.train_step(x, y) for _ in range(n_steps)]
+        with CATALOGUE[bug].patch() if bug else nullcontext():
+            subject = SUBJECTS[name].build(cfg)
+            parallel = [mean_loss(subject.train_step(x, y), cfg) for _ in range(n_steps)]
+        curves.append((one, parallel))
+    return curves
+
+
+def loss_curves(cases, n_steps=20, timeout=300):
+    """[(one process's losses, the strategy's losses)] of n_steps steps per case, one job for
+    all (cases as for `find_divergences`): what a training log would show."""
+    jobs = [_job(*case) for case in cases]
+    sizes = {SUBJECTS[name].world_size for name, _, _ in jobs}
+    if len(sizes) != 1:
+        raise ValueError(f"cases need different numbers of ranks {sorted(sizes)}")
+    return dlcourse.launch(losses_on_rank, jobs, n_steps, world_size=sizes.pop(),
+                           timeout=timeout)[0]
 
 
 def _job(name, bug=None, cfg=None):
