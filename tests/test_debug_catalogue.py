@@ -113,6 +113,16 @@ def test_finder_names_the_wrong_axis_group_at_four_ranks(four_ranks):
     _check(four_ranks, "dp_tp_world_group")
 
 
+def test_what_differs_after_the_first_place_follows_the_mechanism(two_ranks):
+    """The report's spread: the tied-embedding bug leaves every step-1 tensor right but the tied
+    matrix (its gradient, then its value); the row-bias bug leaves all of step 1 right."""
+    tied = _report(two_ranks, "pp_tied_embeddings_unsynced").spread
+    assert (tied.get((1, "activations"), 0), tied[(1, "gradients")],
+            tied[(1, "parameters after the step")]) == (0, 1, 1)
+    bias = _report(two_ranks, "tp_row_bias_per_rank").spread
+    assert not any(step == 1 for step, _ in bias) and bias[(2, "activations")] > 0
+
+
 def test_sync_every_micro_batch_shows_in_the_collective_count_not_in_the_values(two_ranks):
     bug = "dp_sync_every_micro_batch"
     report, control = _report(two_ranks, bug), _control(two_ranks, bug)

@@ -14,7 +14,8 @@ BYTES = 8  # float64
 
 def test_a_skipped_collective_names_the_call_the_other_rank_never_made():
     with pytest.raises(RankTimeout) as caught:
-        launch_traced(data_parallel_steps, "uneven_steps", n_steps=2, world_size=2, timeout=3)
+        # 5 s from joining: the two steps both ranks make take well under 1 s
+        launch_traced(data_parallel_steps, "uneven_steps", n_steps=2, world_size=2, timeout=5)
     report = caught.value.hang_report
     assert report is not None and "hang finder" in str(caught.value)
     # two whole steps agree; rank 0's first all-reduce of a third step has no partner

@@ -43,10 +43,10 @@ class Divergence:
     ranks: list  # the ranks whose value differs
 
     def __str__(self):
-        where = "before step 1" if self.step == 0 else f"step {self.step}"
+        where = self.phase if self.step == 0 else f"step {self.step}, {self.phase}"
         what = {"activations": "output of", "gradients": "gradient of"}.get(self.phase, "parameter")
         ranks = ", ".join(map(str, self.ranks))
-        return (f"first divergence: {where}, {self.phase}: {what} {self.name}: max |Δ| "
+        return (f"first divergence: {where}: {what} {self.name}: max |Δ| "
                 f"{self.diff:.2e} (reference values up to {self.scale:.2e}) on rank"
                 f"{'s' if len(self.ranks) > 1 else ''} {ranks}")
 
@@ -58,6 +58,7 @@ class Report:
     first: Divergence | None  # None: every compared tensor matched
     compared: dict  # phase -> how many tensors rank 0 compared
     comm: list  # per rank: {op: calls} of step 1's collectives
+    spread: dict = None  # (step, phase) -> how many tensors differ there on some rank
 
     def __str__(self):
         head = f"{self.subject}" + (f" with bug {self.bug!r}" if self.bug else "")
@@ -208,4 +209,6 @@ def _merge(name, bug, results):
         g0 = here[0][0]
         first = Divergence(g0["step"], g0["phase"], g0["name"], max(g["diff"] for g, _ in here),
                            max(g["scale"] for g, _ in here), sorted(rank for _, rank in here))
-    return Report(name, bug, first, results[0][1], [dict(c) for _, _, c in results])
+    differing = {(g["step"], g["phase"], g["name"]) for g, _ in gaps}
+    spread = Counter((step, phase) for step, phase, _ in differing)
+    return Report(name, bug, first, results[0][1], [dict(c) for _, _, c in results], dict(spread))
