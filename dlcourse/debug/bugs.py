@@ -8,8 +8,9 @@ and a `patch()`: a context manager that changes one function of the library whil
     find_divergence("TP + SP (lesson 04)", bug="sp_layernorm_grads")
 
 tests/test_debug_catalogue.py checks, bug by bug, that the divergence finder names the place
-each bug's mechanism predicts. The two hangs (a skipped collective, a size mismatch) are in `HANGS` below (run by `data_parallel_steps`), and the slow
-one (a sync every micro-batch) is found by its collective count, not by a divergence.
+each bug's mechanism predicts. The two hangs (a skipped collective, a size mismatch) are in
+`HANGS` below (run by `data_parallel_steps`); the slow bug (a sync every micro-batch) is found
+by its collective count, not by a divergence.
 """
 
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -85,13 +86,14 @@ def _f_backward_not_summed(ctx, grad):
     return grad, None
 
 
-def _loss_not_divided(logits, targets):
-    """The pipeline's loss per micro-batch, not divided by their number m: the executor divides
-    by m, so this hands it m x the loss (m = the subjects' 2 micro-batches)."""
-    return executor_lm_loss(logits, targets) * _MICRO
+_executor_init = executor.Executor.__init__
 
 
-executor_lm_loss, _MICRO = executor.lm_loss, 2
+def _executor_not_dividing(self, *args, **kwargs):
+    """The pipeline's executor with its loss divisor m set to 1: each micro-batch's mean loss is
+    backpropagated whole (the executor divides by `self.n_micro`, its only use)."""
+    _executor_init(self, *args, **kwargs)
+    self.n_micro = 1
 
 
 def _local_positions(self, local):
@@ -169,7 +171,7 @@ CATALOGUE = {
         "micro-batches: gradients m times too large",
         "pytorch/torchtitan#2972 (PP and non-PP gradients scaled differently); "
         "pytorch/torchtitan#1733 (gradient accumulation with PP scaled wrongly)",
-        ((executor, "lm_loss", _loss_not_divided),)),
+        ((executor.Executor, "__init__", _executor_not_dividing),)),
     "pp_tied_embeddings_unsynced": Bug(
         "PP 1F1B (lesson 06)",
         "the tied embedding's two copies (first and last stage) do not exchange gradients: "

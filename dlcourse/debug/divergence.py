@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 import dlcourse
 from dlcourse.collectives.counter import CommCounter
+from dlcourse.debug.bugs import CATALOGUE
 from dlcourse.debug.capture import ActivationLog, gradients_shown, intercept_step
 from dlcourse.debug.compare import compare_trace
 from dlcourse.debug.subjects import SUBJECTS, DebugConfig, Subject
@@ -69,8 +70,8 @@ class Report:
 
 
 def record(subject, cfg, x, y):
-    """The trace of cfg.steps steps: [(step, phase, {name: tensor})], the collectives of each step
-    (one Counter of op -> calls per step), and the order in which gradients were read."""
+    """(trace, comm) of cfg.steps steps of `subject`: trace [(step, phase, {name: tensor})] in
+    PHASES order, comm one Counter {op: calls} per step (the finder's own gathers left out)."""
     log, grads, counting = ActivationLog(subject.modules), {}, []
 
     def read_gradients():
@@ -125,7 +126,6 @@ def reference_subject(cfg, strategy):
 def compare_on_rank(jobs):
     """Run on every rank: for each (strategy name, bug name or None, DebugConfig), the reference
     and the strategy (the bug's patch on), compared; returns one comparison per job."""
-    from dlcourse.debug.bugs import CATALOGUE  # the catalogue builds on this module
     results = []
     for name, bug, cfg in jobs:
         x, y = cfg.data()
@@ -163,7 +163,6 @@ def find_divergence(subject, bug=None, cfg=None, timeout=120):
 def losses_on_rank(jobs, n_steps):
     """Run on every rank: for each job, the loss of n_steps steps in one process and with the
     strategy (the bug's patch on), each the mean over the ranks that compute one."""
-    from dlcourse.debug.bugs import CATALOGUE
     curves = []
     for name, bug, cfg in jobs:
         x, y = cfg.data()
@@ -188,7 +187,6 @@ def loss_curves(cases, n_steps=20, timeout=300):
 
 
 def _job(name, bug=None, cfg=None):
-    from dlcourse.debug.bugs import CATALOGUE
     if name not in SUBJECTS:
         raise ValueError(f"unknown strategy {name!r}; choose from {list(SUBJECTS)}")
     if bug is not None and bug not in CATALOGUE:
