@@ -50,7 +50,7 @@ EXPECTED = {
 }
 # correct strategies of `dlcourse tour` that no bug above runs on: they must report nothing too
 TOUR_ROWS = ["torch DDP", "ZeRO stage 1 (lesson 05)", "ZeRO stage 3 (lesson 05)",
-             "PP GPipe (lesson 06)", "ZeRO-3 x TP (lesson 07)", "DP x PP (lesson 07)",
+             "torch ZeroRedundancyOptimizer", "PP GPipe (lesson 06)", "PP ZB-H1 (lesson 06)", "ZeRO-3 x TP (lesson 07)", "DP x PP (lesson 07)",
              "CP Ulysses (lesson 08)"]
 N_PARAMS = len(dict(DebugConfig().new_model().named_parameters()))  # 28 named tensors
 N_MOE_PARAMS = len(dict(moe_model(DebugConfig()).named_parameters()))  # lesson 09's MoE GPT

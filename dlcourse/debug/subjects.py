@@ -29,6 +29,7 @@ from dlcourse.parallel.expert import expert_parallel
 from dlcourse.parallel.expert import full_parameters as ep_full_parameters
 from dlcourse.parallel.expert.compare import ep_step
 from dlcourse.parallel.grid import RankGrid
+from dlcourse.parallel.zero.torch_api import zero_redundancy
 from dlcourse.tour.combine import PLANS as TOUR_PLANS
 from dlcourse.tour.common import TourConfig
 from dlcourse.tour.context import METHOD_ROWS, cp_step
@@ -99,6 +100,19 @@ def dp_subject(variant, cfg):
                    dp=(dist.get_rank(group), dist.get_world_size(group)))
 
 
+def zero_redundancy_subject(cfg):
+    """torch's ZeroRedundancyOptimizer (AdamW state sharded) around DDP, as the tour runs it."""
+    group = dist.group.WORLD
+    model, optimizer = zero_redundancy(cfg.new_model(), group, lr=cfg.lr)
+
+    def train_step(x, y):
+        x, y = steps.shard_batch((x, y), group)
+        return steps.train_step(model, optimizer, [(x, y)], lm_loss)
+    full = lambda: dict(model.module.named_parameters())  # noqa: E731  (whole on every rank)
+    return Subject([model.module], optimizer, train_step, full,
+                   dp=(dist.get_rank(group), dist.get_world_size(group)))
+
+
 def cp_subject(method, cfg):
     """Lesson 08's context-parallel GPT over every rank, `method` one of its METHODS: each rank
     holds its s/cp tokens of every sequence (`cp_layout`: contiguous or zig-zag chunks)."""
@@ -152,6 +166,8 @@ SUBJECTS = {
        for k in (1, 2, 3)},
     "PP 1F1B (lesson 06)": _grid(GridPlan(RankGrid(pp=2), micro_batches=2)),
     "PP GPipe (lesson 06)": _grid(GridPlan(RankGrid(pp=2), micro_batches=2, schedule="GPipe")),
+    "PP ZB-H1 (lesson 06)": _grid(GridPlan(RankGrid(pp=2), micro_batches=2, schedule="ZB-H1")),
+    "torch ZeroRedundancyOptimizer": Strategy(2, zero_redundancy_subject),
     **{name: _grid(plan) for name, plan in TOUR_PLANS.items()},  # lesson 07's 4- and 8-rank grids
     **{name: Strategy(2, partial(cp_subject, method)) for name, method in METHOD_ROWS.items()},
     "EP + DP (lesson 09, MoE GPT)": Strategy(2, ep_subject, reference=moe_model,
