@@ -50,8 +50,8 @@ EXPECTED = {
 }
 # correct strategies of `dlcourse tour` that no bug above runs on: they must report nothing too
 TOUR_ROWS = ["torch DDP", "ZeRO stage 1 (lesson 05)", "ZeRO stage 3 (lesson 05)",
-             "torch ZeroRedundancyOptimizer", "PP GPipe (lesson 06)", "PP ZB-H1 (lesson 06)", "ZeRO-3 x TP (lesson 07)", "DP x PP (lesson 07)",
-             "CP Ulysses (lesson 08)"]
+             "torch ZeroRedundancyOptimizer", "PP GPipe (lesson 06)", "PP ZB-H1 (lesson 06)",
+             "ZeRO-3 x TP (lesson 07)", "DP x PP (lesson 07)", "CP Ulysses (lesson 08)"]
 N_PARAMS = len(dict(DebugConfig().new_model().named_parameters()))  # 28 named tensors
 N_MOE_PARAMS = len(dict(moe_model(DebugConfig()).named_parameters()))  # lesson 09's MoE GPT
 
@@ -104,7 +104,8 @@ def _check(reports, bug):
     assert first.diff > 1e-9 * max(1.0, first.scale)
 
 
-@pytest.mark.parametrize("bug", [b for b in EXPECTED if SUBJECTS[CATALOGUE[b].subject].world_size == 2])
+@pytest.mark.parametrize("bug", [b for b in EXPECTED
+                                 if SUBJECTS[CATALOGUE[b].subject].world_size == 2])
 def test_finder_names_the_first_divergence_at_two_ranks(two_ranks, bug):
     _check(two_ranks, bug)
 

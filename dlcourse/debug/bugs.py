@@ -225,7 +225,8 @@ def data_parallel_steps(bug=None, n_steps=2):
         raise ValueError(f"unknown hang {bug!r}; choose from {list(HANGS)}")
     cfg, rank = DebugConfig(), dist.get_rank()
     if bug == "rank_dependent_size":
-        cfg.model = type(cfg.model)(**{**vars(cfg.model), "vocab_size": cfg.model.vocab_size + rank})
+        wider = {**vars(cfg.model), "vocab_size": cfg.model.vocab_size + rank}
+        cfg.model = type(cfg.model)(**wider)
     model = cfg.new_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = steps.shard_batch(cfg.data(), dist.group.WORLD)

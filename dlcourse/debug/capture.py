@@ -20,7 +20,7 @@ from dlcourse.parallel.zero.stage1 import FlatParameters
 
 
 def plain_name(name):
-    """A wrapped module's name as the plain GPT names it: 'module.blocks.0.attn' -> 'blocks.0.attn'."""
+    """A wrapped module's name as the plain GPT names it: 'module.blocks.0' -> 'blocks.0'."""
     while name.startswith("module."):
         name = name[len("module."):]
     return "" if name == "module" else name

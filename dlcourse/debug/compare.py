@@ -1,4 +1,5 @@
-"""Tensor by tensor: a rank's trace against the reference's (lesson 10, `lessons/10_debugging.ipynb`).
+"""Tensor by tensor: a rank's trace against the reference's (lesson 10,
+`lessons/10_debugging.ipynb`).
 
 A rank's activation is its piece of the reference's: the rows of its dp shard of the global
 batch (`shard_batch` cuts contiguous rows in rank order; a pipeline's micro-batches come back in
@@ -14,8 +15,6 @@ any tensor: 1.7e-15 (CP zig-zag; DP, ZeRO 1-3, TP, TP + SP, PP 1F1B, CP Ulysses,
 (ZeRO's clip by the local norm). A gap counts above 1e-9 x max(1, |reference|): six orders of
 magnitude from each.
 """
-
-import torch
 
 TOLERANCE = 1e-9  # relative to max(1, the reference's largest |value|); see above
 _PHASES = ("parameters before step 1", "activations", "gradients", "parameters after the step")

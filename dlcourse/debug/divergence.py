@@ -66,7 +66,8 @@ class Report:
         checked = ", ".join(f"{n} {phase}" for phase, n in self.compared.items())
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.comm[0].items())) or "none"
         body = str(self.first) if self.first else "no divergence: every compared tensor matches"
-        return f"{head}\n  {body}\n  compared on rank 0: {checked}\n  step 1's collectives on rank 0: {ops}"
+        return (f"{head}\n  {body}\n  compared on rank 0: {checked}\n"
+                f"  step 1's collectives on rank 0: {ops}")
 
 
 def record(subject, cfg, x, y):

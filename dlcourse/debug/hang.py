@@ -138,7 +138,7 @@ def find_hang(traces):
 
 
 def _streams(traces):
-    """{stream name: {rank: [calls]}}: collectives by group; sends a -> b beside b's recvs from a."""
+    """{stream name: {rank: [calls]}}: collectives by group; a's sends to b beside b's recvs."""
     streams = {}
     for rank, calls in traces.items():
         for position, call in enumerate(calls):

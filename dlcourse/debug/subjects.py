@@ -44,7 +44,7 @@ class DebugConfig(TourConfig):
     global_batch: int = 4  # sequences per step (5 for an uneven split over 2 ranks)
     steps: int = 2  # optimizer steps compared
     dtype: torch.dtype = torch.float64  # float64: a correct strategy matches to ~1e-15
-    max_grad_norm: float | None = None  # clip by the global norm (ZeRO's clip, torch's in the reference)
+    max_grad_norm: float | None = None  # clip by the global norm (ZeRO's; torch's in the reference)
     micro_batches: int = 1  # lesson 03 subjects: gradient accumulation over this many pieces
 
     def new_model(self):
@@ -53,7 +53,7 @@ class DebugConfig(TourConfig):
 
 @dataclass
 class Subject:
-    modules: list  # this rank's modules; their names are the plain GPT's (a "module." prefix dropped)
+    modules: list  # this rank's modules, named as the plain GPT's (a "module." prefix dropped)
     optimizer: object  # its step is intercepted: gradients are read just before it
     train_step: object  # fn(x, y) -> loss: one optimizer step on the global batch
     full_parameters: object  # fn() -> {name: whole tensor}: the strategy's unshard helper
