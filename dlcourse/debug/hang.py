@@ -172,10 +172,14 @@ def _traced(fn, folder, *args, **kwargs):
 
 
 def launch_traced(fn, *args, world_size=2, timeout=30, folder=None, **kwargs):
-    """`dlcourse.launch(fn, *args, ...)` with every rank's calls traced into `folder` (a new
-    temporary folder if None). If the job fails or times out, the launch's RankError or
-    RankTimeout carries `hang_report` (a Mismatch, or None) and its message ends with it."""
-    folder = folder or tempfile.mkdtemp(prefix="dlcourse-trace-")
+    """`dlcourse.launch(fn, *args, ...)` with every rank's calls traced into `folder` (kept), or
+    into a temporary folder removed afterwards. If the job fails or times out, the launch's
+    RankError or RankTimeout carries `hang_report` (a Mismatch, or None) and its message ends
+    with it."""
+    if folder is None:
+        with tempfile.TemporaryDirectory(prefix="dlcourse-trace-") as temporary:
+            return launch_traced(fn, *args, world_size=world_size, timeout=timeout,
+                                 folder=temporary, **kwargs)
     try:
         return dlcourse.launch(_traced, fn, folder, *args, world_size=world_size,
                                timeout=timeout, **kwargs)
