@@ -90,7 +90,11 @@ class RankError(RuntimeError):
     `rank` is the rank that failed first (the cause, not a peer that only saw it go),
     `traceback` its traceback or last output, `outcomes` every rank's `RankOutcome` (by rank),
     `failures` every failed rank's report as a clause ('raised ValueError: ...').
+    `hang_report`: where the ranks' calls first disagree, if the job ran under lesson 10's
+    `dlcourse.debug.launch_traced` (a `dlcourse.debug.hang.Mismatch`); None otherwise.
     """
+
+    hang_report = None
 
     def __init__(self, message, rank=None, traceback="", outcomes=None):
         super().__init__(message)
