@@ -355,6 +355,20 @@ HINTS = {
 }
 
 
+# ---------------------------------------------------------------- lesson 06: interleaved 1F1B
+HINTS["schedule_interleaved"] = (
+    "write the order of the rank's forwards and the order of its backwards first; then it is "
+    "1F1B over those two lists",
+    "forwards: micro-batches 0..p-1 on chunk 0, the same p on chunk 1, ..., on chunk v - 1, then "
+    "the next p micro-batches; backwards: the same groups, the chunks from v - 1 down to 0, as "
+    "the gradient comes back through the last chunk first",
+    "the warm-up (Megatron-LM's): (v - 1) p forwards bring the first group up to the last "
+    "chunk, and 2 (p - r - 1) more keep rank r busy while micro-batch 0 goes through the ranks "
+    "after it on that chunk and its gradient comes back; never more than the v m there are",
+    "run that many forwards, then, while forwards are left, the next forward followed by the "
+    "oldest backward, then the backwards left, in their order",
+)
+
 def hint(exercise, level=None):
     """Print the next hint for `exercise` (each call one level further), or level `level`."""
     levels = HINTS.get(exercise)
