@@ -196,6 +196,20 @@ def test_a_function_instead_of_a_class_is_named_before_any_rank_starts():
     assert first.startswith("GatherSequence: the check needs your autograd Function class")
 
 
+def test_a_stub_left_in_the_second_class_is_named():
+    class ReduceScatterStub(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, group):
+            raise NotImplementedError("Hint: it is GatherSequence read backwards")
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise NotImplementedError("Hint: it is GatherSequence read backwards")
+
+    first, _ = first_line_and_hint(check_sequence_parallel, GatherSequence, ReduceScatterStub)
+    assert first.startswith("ReduceScatterSequence is not written yet"), first
+
+
 # --- the LayerNorm's gradients -------------------------------------------------------------------
 
 

@@ -25,8 +25,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dlcourse import pickling
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, StudentCode, Submitted, expect_callable,
-                                  expect_tensor, fail, kind, random_tensor, run_on_ranks)
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, CheckFailed, StudentCode, Submitted,
+                                  expect_callable, expect_tensor, fail, kind, random_tensor,
+                                  run_on_ranks)
+from dlcourse.checks.stubs import not_written, stub_message
 from dlcourse.checks.tensor_library import draw, draw_tp_sizes, refuse_tensor_library, wide_seed
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.parallel.tensor.comm import gather_sequence, reduce_scatter_sequence
@@ -116,6 +118,10 @@ def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, seed=None,
         if not isinstance(fn, Submitted) and not _is_function_class(fn):
             fail(name, None, f"the check needs your autograd Function class itself, not "
                              f"{kind(fn)}")
+        stubs = [stub_message(vars(fn)[m].__func__) for m in ("forward", "backward")
+                 if not isinstance(fn, Submitted) and isinstance(vars(fn).get(m), staticmethod)]
+        if any(text is not None for text in stubs):  # named here, not as the first class
+            raise CheckFailed(not_written(name, next(t for t in stubs if t is not None)))
     other = StudentCode(reduce_scatter_sequence.payload
                         if isinstance(reduce_scatter_sequence, Submitted)
                         else pickling.dumps(reduce_scatter_sequence), guard=refuse_tensor_library)
