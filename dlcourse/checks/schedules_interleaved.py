@@ -3,7 +3,7 @@
     check_schedule_interleaved(schedule_interleaved)   one rank's list, v chunks per rank
 
 Rank r of p holds v chunks of the model; chunk c is model stage c * p + r (Narayanan et al.
-2021, §2.2). The student's function, called on each of p real ranks for its own rank, returns
+2021, §2.2.2). The student's function, called on each of p real ranks for its own rank, returns
 [(kind, chunk, i)]. The lists come back as data, and here, after no student code runs any more:
 1. each list is read as a schedule: every forward and backward of every chunk and micro-batch
    once, a backward after its own forward, and the p lists played together until all finish

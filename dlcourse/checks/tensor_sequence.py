@@ -278,8 +278,8 @@ def _expect_synced(got, rank, tp, grads, ln, where):
         hint = SYNC_HINT
         if isinstance(got[name], torch.Tensor) and torch.allclose(got[name], own, **TOL):
             hint = ("unchanged since backward: only this rank's tokens are in it, so the tp "
-                    "ranks' copies of one LayerNorm get different gradients and drift apart "
-                    "(Megatron-LM issue #1446). " + SYNC_HINT)
+                    "ranks' copies of one LayerNorm get different gradients (the symptom "
+                    "Megatron-LM issue #1446 reports). " + SYNC_HINT)
         elif isinstance(got[name], torch.Tensor) and torch.allclose(got[name], want / tp, **TOL):
             hint = "averaged: each rank's part is a sum over its tokens, so sum the parts"
         expect_tensor(got[name], want, where=f"{where}: LayerNorm {name}.grad", rank=rank,
