@@ -431,6 +431,49 @@ HINTS.update({
 })
 
 
+# ---------------------------------------------------------------- lesson 06: interleaved 1F1B
+HINTS["schedule_interleaved"] = (
+    "write the order of the rank's forwards and the order of its backwards first; then it is "
+    "1F1B over those two lists",
+    "forwards: micro-batches 0..p-1 on chunk 0, the same p on chunk 1, ..., on chunk v - 1, then "
+    "the next p micro-batches; backwards: the same groups, the chunks from v - 1 down to 0, as "
+    "the gradient comes back through the last chunk first",
+    "the warm-up (Megatron-LM's): (v - 1) p forwards bring the first group up to the last "
+    "chunk, and 2 (p - r - 1) more keep rank r busy while micro-batch 0 goes through the ranks "
+    "after it on that chunk and its gradient comes back; never more than the v m there are",
+    "run that many forwards, then, while forwards are left, the next forward followed by the "
+    "oldest backward, then the backwards left, in their order",
+)
+
+# ---------------------------------------------------------------- lesson 04: sequence parallelism
+HINTS["GatherSequence"] = (
+    "forward: every rank needs every rank's tokens; backward: every rank's layers used this "
+    "rank's tokens",
+    "forward is an all-gather along dim 1, the sequence, the blocks in rank order; in backward "
+    "each rank holds a gradient for all T tokens, its own layers' part of it",
+    "backward: the gradient of this rank's tokens is the sum over the ranks of their gradients "
+    "for those tokens, which is one reduce-scatter along dim 1",
+    "forward: dist.all_gather into t buffers shaped like x, torch.cat along dim 1; backward: "
+    "chunk the gradient into t blocks along dim 1 (made contiguous), dist.reduce_scatter them "
+    "into one (B, T/t, h) buffer, return it and None",
+)
+HINTS["ReduceScatterSequence"] = (
+    "it is GatherSequence read backwards: its forward is that one's backward, and the other way "
+    "round",
+    "forward: each rank holds a partial (B, T, h) from its row-parallel layer; the output is the "
+    "sum over the ranks, of which this rank keeps its own T/t tokens: a reduce-scatter along dim 1",
+    "backward: every rank's partial fed every rank's tokens, so the input's gradient is the whole "
+    "(B, T, h): all-gather the ranks' (B, T/t, h) gradients along dim 1",
+)
+HINTS["sync_layernorm_grads"] = (
+    "which tokens went into this rank's LayerNorm gradient, and which did the one-process "
+    "model's see?",
+    "a LayerNorm's weight gradient is a sum over tokens; each rank summed over its own T/t, so "
+    "the whole gradient is the sum of the ranks' (not their mean)",
+    "all-reduce (sum) layernorm.weight.grad and layernorm.bias.grad over the group, in place; "
+    "the parameters themselves stay as they are",
+)
+
 def hint(exercise, level=None):
     """Print the next hint for `exercise` (each call one level further), or level `level`."""
     levels = HINTS.get(exercise)

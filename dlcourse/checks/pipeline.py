@@ -254,3 +254,4 @@ def _expect_received(got, sent, r, q, where):
 
 def _ps(cases):
     return join(sorted({p for _, p in cases}))
+from dlcourse.checks.schedules_interleaved import check_schedule_interleaved  # noqa: E402,F401

@@ -333,3 +333,4 @@ def _expect_g(y, grad, x, xr, linear, upstream, tp, rank, where, changed):
                 "return the incoming gradient as it is")
     expect_tensor(grad, want, where=f"{where}, backward: W_r.grad", rank=rank, hint=hint,
                   tolerance=TOLERANCE, **TOL)
+from dlcourse.checks.tensor_sequence import check_layernorm_grads, check_sequence_parallel  # noqa: E402,F401
