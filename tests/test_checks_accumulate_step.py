@@ -187,7 +187,7 @@ def test_accumulate_step_solutions_pass(step, capsys):
                                                 "per bucket, once per step",
      "do not all-reduce them yourself as well"),
     (accumulate_with_the_library, ACC_MLP.replace("rank 0 ", "rank ?") + " called train_step "
-                                                                        "from dlcourse.parallel, "
+                                                                        "from dlcourse.parallel.data.steps, "
                                                                         "which this exercise does "
                                                                         "not allow", ""),
 ])

@@ -17,6 +17,7 @@ import torch.distributed.pipelining.schedules as torch_schedules
 
 from checking import HANG_TIMEOUT_S, first_line_and_hint, starts
 from dlcourse.checks import schedules, stages
+from dlcourse.checks.answers import class_methods
 from dlcourse.checks.core import CheckFailed, ForbiddenCall
 from dlcourse.checks.pipeline import (check_bubble_fraction, check_exchange,
                                       check_last_stage_backward, check_schedule_1f1b,
@@ -213,9 +214,9 @@ def test_schedule_1f1b_passes(answer, capsys):
     (warm_up_of_rank, "rank ? waits forever (deadlock): rank 0 at actions[", "follow 1F1B"),
     (warm_up_for_four_stages, "rank ?", ""),
     (triples, "rank 0 returned a list of items like (0, 'F', 0), expected a list of", ""),
-    (course_library, "rank ? called dlcourse.parallel.pipeline.schedules.one_f_one_b", ""),
-    (torch_schedule, "rank ? called torch.distributed.pipelining.schedules.get_schedule_class", ""),
-    (torch_schedule_captured, "rank ? called torch.distributed.pipelining.schedules.", ""),
+    (course_library, "rank ? called one_f_one_b from dlcourse.parallel.pipeline.schedules", ""),
+    (torch_schedule, "rank ? called get_schedule_class from torch.distributed.pipelining.schedules", ""),
+    (torch_schedule_captured, "rank ? called get_schedule_class from torch.distributed", ""),
 ])
 def test_schedule_1f1b_wrong_answers_fail(answer, says, hint):
     first, got_hint = first_line_and_hint(check_schedule_1f1b, answer)
@@ -269,11 +270,11 @@ def test_the_course_librarys_answers_are_refused():
     copy = types.FunctionType(library_boundaries.__code__, library_boundaries.__globals__)
     for check, answer, refused in [
             (check_stage_boundaries, lambda n, p: copy(n, p),  # a copy made before the check
-             "dlcourse.parallel.pipeline.stages.stage_boundaries"),
+             "stage_boundaries from dlcourse.parallel.pipeline.stages"),
             (check_bubble_fraction, bubble_from_the_library,
-             "dlcourse.parallel.pipeline.measure.bubble_formula"),
+             "bubble_formula from dlcourse.parallel.pipeline.measure"),
             (check_stage_boundaries, lambda n, p, _captured=library_boundaries: _captured(n, p),
-             "dlcourse.parallel.pipeline.stages.stage_boundaries")]:
+             "stage_boundaries from dlcourse.parallel.pipeline.stages")]:
         first, _ = first_line_and_hint(check, answer)
         assert f"called {refused}, which this exercise does not allow" in first, first
 
@@ -480,7 +481,7 @@ def library(tmp_path, monkeypatch):
     (package / "schedules" / "__init__.py").write_text("")
     (package / "schedules" / "bubble.py").write_text(LIBRARY_SOURCE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(stages, "LIBRARY_PACKAGE", "late_pipeline")
+    monkeypatch.setattr(stages.PIPELINE, "packages", ("late_pipeline",))
     import late_pipeline.schedules.bubble as module
     yield module
     for name in [n for n in sys.modules if n.startswith("late_pipeline")]:
@@ -504,23 +505,27 @@ def test_the_library_answer_is_refused_through_any_path(library):
     def by_instance_made_before(n_stages, n_micro):
         return schedule.bubble(n_micro)
 
-    for answer, refused in [(by_module, "late_pipeline.schedules.bubble.bubble_fraction"),
-                            (by_default_argument, "late_pipeline.schedules.bubble.bubble_fraction"),
-                            (by_class, "late_pipeline.schedules.bubble.Schedule"),
-                            (by_instance_made_before, "late_pipeline.schedules.bubble.Schedule")]:
+    home = "from late_pipeline.schedules.bubble"
+    for answer, refused in [(by_module, f"bubble_fraction {home}"),
+                            (by_default_argument, f"bubble_fraction {home}"),
+                            (by_class, f"Schedule {home}"),
+                            (by_instance_made_before, f"Schedule.bubble {home}")]:
         first, _ = first_line_and_hint(check_bubble_fraction, answer)
-        assert f"called {refused}, which this exercise does not allow" in first, first
+        assert f"{refused}, which this exercise does not allow" in first, first
     assert captured(3, 5) == 2 / 7 and schedule.bubble(5) == 2 / 7  # given back afterwards
 
 
 def test_every_answer_found_is_refused_while_the_guard_is_active_and_only_then():
-    answers = [(name, fn) for module in stages.answer_modules()
-               for name, value in stages._answers(module)
-               for fn in ([value] if inspect.isfunction(value) else stages._methods_of(value))
+    found = stages.PIPELINE.objects()
+    answers = [(each, fn) for name, value in found
+               for each, fn in ([(name, value)] if inspect.isfunction(value)
+                                else class_methods(name, value))
                if not fn.__closure__]
+    answers += [key for key in stages.PIPELINE.keys() if not key[1].__closure__]
+    assert any("one_f_one_b from dlcourse.checks" in name for name, _ in answers)
     assert any("Schedule1F1B" in name for name, _ in answers)
     codes = [fn.__code__ for _, fn in answers]
-    with stages.refusing_pipelines():
+    with stages.PIPELINE.refusing():
         for name, fn in answers:
             with pytest.raises(ForbiddenCall, match=f"called {name}, which this exercise does"):
                 fn()

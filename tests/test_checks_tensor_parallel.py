@@ -616,9 +616,9 @@ def test_every_public_function_and_class_of_the_package_is_refused(tmp_path, mon
     (package / "sub" / "__init__.py").write_text("")
     (package / "sub" / "split.py").write_text(LIBRARY_STUB)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(tensor_library, "PACKAGE", "fake_tensor")
+    monkeypatch.setattr(tensor_library.TENSOR, "packages", ("fake_tensor",))
     from fake_tensor.sub import split
-    names = {name for name, _ in tensor_library.library_answers()}
+    names = {name for name, _ in tensor_library.TENSOR.objects()}
     assert {"Split from fake_tensor.sub.split", "column_answer from fake_tensor.sub.split"} <= names
     captured = split.column_answer  # an alias made before the refusal
     copy = types.FunctionType(captured.__code__, captured.__globals__)  # a copy, made before
@@ -632,16 +632,10 @@ def test_every_public_function_and_class_of_the_package_is_refused(tmp_path, mon
     x = torch.ones(2)
     refused_ways = (lambda: captured(x, None, None, None), lambda: split.Split.apply(x, None),
                     lambda: split.Split.forward(None, x, None), lambda: ViaSubclass.apply(x, None))
-    with tensor_library.refusing_tensor() as refused:
+    with tensor_library.TENSOR.refusing() as refused:
         for way in refused_ways:
             with pytest.raises(ForbiddenCall, match="fake_tensor.sub.split, which this exercise"):
                 way()
         assert "column_answer from fake_tensor.sub.split" in refused.copies_in(via_copy)
     assert split.column_answer(x, None, None, None) is x  # all put back afterwards
     assert torch.equal(split.Split.apply(x, None), x) and torch.equal(ViaSubclass.apply(x, None), x)
-
-
-def test_a_package_not_written_yet_refuses_only_torch(monkeypatch):
-    monkeypatch.setattr(tensor_library, "PACKAGE", "dlcourse.parallel.not_written_yet")
-    names = [name for name, _ in tensor_library.library_answers()]
-    assert names == [f"torch's {n}" for _, n in tensor_library.TORCH_ANSWERS]

@@ -25,7 +25,7 @@ import math
 import numbers
 from collections.abc import Mapping
 
-from dlcourse.checks.combining_library import guard_for
+from dlcourse.checks.combining_library import COMBINING
 from dlcourse.checks.combining_plan import (check_best_layout, check_cost_per_million_tokens,
                                             check_grid_state_bytes)
 from dlcourse.checks.combining_pipeline import check_first_stage_activation_bytes
@@ -86,7 +86,7 @@ def check_rank_coords(rank_coords, *, rng):
         for rank, want in enumerate(expected):
             where = f"rank_coords({rank}, {sizes}, {order})"
             got = call_in_process(rank_coords, (rank, dict(sizes), order), exercise="rank_coords",
-                                  where=where, guard=guard_for, hint=COORDS_HINT)
+                                  where=where, guard=COMBINING.in_process, hint=COORDS_HINT)
             got = _as_axes(got, where, "a whole-number coordinate", COORDS_HINT)
             if got != want:
                 fail(where, None, f"returned {got}, expected {want} in the "
@@ -150,7 +150,7 @@ def _check_groups_case(axis_groups, sizes, order, axis):
     __tracebackhide__ = True
     where = f"axis_groups({sizes}, {order}, {axis!r})"
     got = call_in_process(axis_groups, (dict(sizes), order, axis), exercise="axis_groups",
-                          where=where, guard=guard_for, hint=GROUPS_HINT)
+                          where=where, guard=COMBINING.in_process, hint=GROUPS_HINT)
     want = reference_groups(sizes, order, axis)
     groups = _as_groups(got, where)
     if sorted(groups) == want:
@@ -234,7 +234,7 @@ def check_step_collectives(step_collectives, *, rng):
         where = ("step_collectives(dp={}, tp={}, pp={}, zero_stage={}, sequence_parallel={})"
                  .format(*args))
         got = call_in_process(step_collectives, args, exercise="step_collectives", where=where,
-                              guard=guard_for, hint=COLLECTIVES_HINT)
+                              guard=COMBINING.in_process, hint=COLLECTIVES_HINT)
         got = _as_op_sets(got, where)
         want = reference_collectives(*args)
         for axis in AXES:

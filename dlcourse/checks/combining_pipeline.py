@@ -17,7 +17,7 @@ counted as a whole stage, or m < p forgotten each fail with a hint that names it
 import math
 import numbers
 
-from dlcourse.checks.combining_library import guard_for
+from dlcourse.checks.combining_library import COMBINING
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
 from dlcourse.parallel.pipeline.measure import in_flight_peak
 from dlcourse.parallel.pipeline.schedules import interleaved_1f1b, one_f_one_b
@@ -58,7 +58,7 @@ def check_first_stage_activation_bytes(first_stage_activation_bytes, *, rng):
                  "v={})".format(*args))
         got = call_in_process(first_stage_activation_bytes, args,
                               exercise="first_stage_activation_bytes", where=where,
-                              guard=guard_for, hint=HINT)
+                              guard=COMBINING.in_process, hint=HINT)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             fail(where, None, f"returned {kind(got)}, expected a number of bytes", HINT)
         if not math.isclose(got, want, rel_tol=1e-9):  # the same count, in another order

@@ -19,7 +19,7 @@ the student's function runs, and lesson 01's `model_state_bytes` (`combining_lib
 import math
 import numbers
 
-from dlcourse.checks.combining_library import guard_for
+from dlcourse.checks.combining_library import COMBINING
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
 
 SECONDS_PER_HOUR = 3600
@@ -57,7 +57,7 @@ def check_grid_state_bytes(grid_state_bytes, *, rng):
         where = ("grid_state_bytes(n_params={:,}, dp={}, tp={}, pp={}, zero_stage={}, "
                  "mixed_precision={})".format(*args))
         got = call_in_process(grid_state_bytes, args, exercise="grid_state_bytes", where=where,
-                              guard=guard_for, hint=STATE_HINT)
+                              guard=COMBINING.in_process, hint=STATE_HINT)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             fail(where, None, f"returned {kind(got)}, expected a number of bytes", STATE_HINT)
         want = reference_state_bytes(*args)
@@ -132,7 +132,7 @@ def check_cost_per_million_tokens(cost_per_million_tokens, *, rng):
         where = ("cost_per_million_tokens(compute_time_s={}, n_stages={}, n_micro={}, "
                  "tokens_per_step={:,}, n_gpus={}, price_per_gpu_hour={})".format(*args))
         got = call_in_process(cost_per_million_tokens, args, exercise="cost_per_million_tokens",
-                              where=where, guard=guard_for, hint=COST_HINT)
+                              where=where, guard=COMBINING.in_process, hint=COST_HINT)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             fail(where, None, f"returned {kind(got)}, expected a number of dollars", COST_HINT)
         want = reference_cost(*args)
@@ -264,7 +264,7 @@ def check_best_layout(best_layout, *, rng):
         where = (f"best_layout(three layouts, memory_budget={budget / 1e9:g} GB, "
                  f"price_per_gpu_hour={price}, tokens_per_step={tokens:,})")
         got = call_in_process(best_layout, ([dict(c) for c in cand], budget, price, tokens),
-                              exercise="best_layout", where=where, guard=guard_for,
+                              exercise="best_layout", where=where, guard=COMBINING.in_process,
                               hint=BEST_HINT)
         want = reference_best(cand, budget, price, tokens)
         if got != want:

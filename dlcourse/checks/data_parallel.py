@@ -34,7 +34,7 @@ from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_
 from dlcourse.checks.replicas import (
     MODELS, OPTIMIZERS, Watch, batch, build, combine, count,
     expect_gradients_reduced, expect_weights, explain_step, gradient_at, loss_of, optimizer,
-    refuse_library, refusing, shards, snapshot, whole_batch,
+    DATA_PARALLEL, shards, snapshot, whole_batch,
 )
 
 __all__ = ["check_broadcast_parameters", "check_data_parallel_step", "check_make_buckets",
@@ -68,7 +68,7 @@ def check_broadcast_parameters(broadcast_parameters, timeout=CHECK_TIMEOUT_S, *,
         outcomes = run_on_ranks(broadcast_parameters, [()] * W, exercise="broadcast_parameters",
                                 where=where, hint=BROADCAST_HINT, timeout=timeout,
                                 harness=partial(_broadcast_in_rank, name, first),
-                                guard=refuse_library)
+                                guard=DATA_PARALLEL.in_rank)
         starts = [snapshot(build(name, seed=first + r)) for r in range(W)]
         for rank, (weights, _) in enumerate(outcomes):
             _expect_broadcast(weights, starts, rank, where)
@@ -147,7 +147,7 @@ def _check_step_case(data_parallel_step, case, seed, timeout):
     steps = [shards(b, case.shards) for b in batches]  # steps[k][r]: rank r's (x, y) in step k
     outcomes = run_on_ranks(data_parallel_step, [([s[r] for s in steps],) for r in range(W)],
                             exercise="data_parallel_step", where=where, hint=STEP_HINT,
-                            timeout=timeout, harness=partial(_step_in_rank, case), guard=refuse_library)
+                            timeout=timeout, harness=partial(_step_in_rank, case), guard=DATA_PARALLEL.in_rank)
     model = build(case.model)
     expected = whole_batch(model, optimizer(case.optimizer, model.parameters()), batches,
                            loss_of(case.model))
@@ -252,6 +252,12 @@ def check_accumulate_step(accumulate_step, timeout=CHECK_TIMEOUT_S, *, rng):
           "equal to one process on the whole batch, one synchronisation per step")
 
 
+# The wrapper's machinery (the lesson's DataParallel, torch's DDP) runs inside the student's step:
+# only the lesson's train_step, and these checks' own functions, are refused there.
+TRAIN_STEP = DATA_PARALLEL.but(packages=(), torch=(),
+                               single=(("dlcourse.parallel.data.steps", "train_step"),))
+
+
 def _check_accumulate_case(accumulate_step, case, seed, timeout):
     __tracebackhide__ = True
     W, sizes = case.world_size, case.micro_batches
@@ -264,8 +270,7 @@ def _check_accumulate_case(accumulate_step, case, seed, timeout):
     outcomes = run_on_ranks(accumulate_step, [([m[r] for m in micro],) for r in range(W)],
                             exercise="accumulate_step", where=where, hint=ACCUMULATE_HINT,
                             timeout=timeout, harness=partial(_accumulate_in_rank, case),
-                            # not the wrapper's machinery: it runs inside the student's step
-                            guard=partial(refusing, ["train_step"]))
+                            guard=TRAIN_STEP.in_rank)
     model = build(case.model)
     expected = whole_batch(model, optimizer("SGD", model.parameters()), batches,
                            loss_of(case.model))

@@ -20,14 +20,13 @@ model of 70 billion parameters.
 import contextlib
 import functools
 import numbers
-import sys
 from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
 
-import dlcourse.memory
-from dlcourse.checks.core import call_in_process, fail, fresh_cases, refusal, replaced
+from dlcourse.checks.answers import Answers
+from dlcourse.checks.core import call_in_process, fail, fresh_cases, refusal
 from dlcourse.memory import (MemoryParts, SavedTensorLog, count_params, estimate_gpt_step,
                              gpt_saved_tensors, measure_step, model_state_bytes, param_shapes,
                              spec_params)
@@ -37,28 +36,25 @@ from dlcourse.models import GPT, GPTConfig, MLPBlock
 
 
 def _answer(fn, args, *, exercise, where, forbidden=(), why=""):
-    """fn(*args), with building a module and each of `forbidden` refused while it runs; any
-    error it raises becomes a CheckFailed that names the case."""
+    """fn(*args), with building a module, each of `forbidden` and this module's own functions
+    refused while it runs (`answers.py`); any error it raises becomes a CheckFailed that names
+    the case."""
     __tracebackhide__ = True
-    return call_in_process(fn, args, exercise=exercise, where=where,
-                           guard=functools.partial(_refused, forbidden=forbidden, why=why))
+    answers = Answers(single=tuple(("dlcourse.memory", f.__name__) for f in forbidden),
+                      checks=("dlcourse.checks.memory",),
+                      also=(functools.partial(_no_modules, why),), why=why)
+    return call_in_process(fn, args, exercise=exercise, where=where, guard=answers.in_process)
 
 
 @contextlib.contextmanager
-def _refused(fn, forbidden, why):
-    """Make `torch.nn.Module.__init__` and every name bound to one of `forbidden` (in its home
-    module, in `dlcourse.memory`, in the student's globals) raise ForbiddenCall; then undo it."""
-    homes = [vars(sys.modules[f.__module__]) for f in forbidden]
-    homes += [vars(dlcourse.memory), getattr(fn, "__globals__", {})]
-    stand_ins = [(f, refusal(f"dlcourse.memory.{f.__name__}", why)) for f in forbidden]
+def _no_modules(why):
+    """A class's __init__ reaches Module.__init__ through super(), so every model, Linear or
+    LayerNorm built while this is active is refused, however it was imported."""
     module_init = torch.nn.Module.__init__
-    # A class's __init__ reaches Module.__init__ through super(), so every model, Linear or
-    # LayerNorm built from here on is refused, however it was imported.
-    torch.nn.Module.__init__ = refusal("a torch module (GPT, MLPBlock, nn.Linear, ...)", why,
-                                       verb="built")
+    torch.nn.Module.__init__ = refusal("a torch module (GPT, MLPBlock, nn.Linear, ...)",
+                                       why, verb="built")
     try:
-        with replaced(homes, stand_ins) as refused:
-            yield refused
+        yield
     finally:
         torch.nn.Module.__init__ = module_init
 

@@ -12,7 +12,7 @@ micro-batches, widths, shapes, dtypes; never p = 4 alone) and prints the seed wi
 (`schedules.py`); the exchange runs on real ranks; the boundaries and the bubble are formulas,
 called here, the bubble compared with a timeline simulated by the check. While the
 student's code runs, the course's pipeline package and torch's schedules are refused
-(`stages.refusing_pipelines`), and collectives too where the exercise is point-to-point.
+(`stages.PIPELINE`), and collectives too where the exercise is point-to-point.
 """
 
 import numbers
@@ -23,22 +23,17 @@ import torch.distributed as dist
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, call_in_process, describe,
                                   expect_callable, fail, fresh_cases, kind, run_on_ranks)
 from dlcourse.checks.schedules import check_last_stage_backward, check_schedule_1f1b
-from dlcourse.checks.stages import join, refuse_pipelines, refusing_pipelines, stage_counts
+from dlcourse.checks.stages import PIPELINE, join, stage_counts
 from dlcourse.collectives.counter import CommCounter
 
 __all__ = ["check_stage_boundaries", "check_exchange", "check_last_stage_backward",
            "check_schedule_1f1b", "check_bubble_fraction"]
 
 
-def pipelines_guard_for(fn):
-    """`call_in_process(guard=...)`: the answers refused, the student's globals included."""
-    return refusing_pipelines([getattr(fn, "__globals__", {})])
-
-
 def _in_process(fn, args, exercise, where):
     __tracebackhide__ = True
     return call_in_process(fn, args, exercise=exercise, where=where,
-                           guard=pipelines_guard_for)
+                           guard=PIPELINE.in_process)
 
 
 # ---------------------------------------------------------------- exercise 1: stage boundaries
@@ -198,7 +193,7 @@ def _check_exchange_case(exchange, p, rng, timeout):
     outcomes = run_on_ranks(exchange, [(c,) for c in calls], exercise="exchange", where=where,
                             hint=EXCHANGE_HINT, forbid=COLLECTIVES, why_forbidden=WHY_P2P,
                             hang_hint=EXCHANGE_HANG, harness=_exchange_in_rank,
-                            guard=refuse_pipelines, timeout=timeout)
+                            guard=PIPELINE.in_rank, timeout=timeout)
     for r, (results, _) in enumerate(outcomes):
         for (q, own), (got, after, moved) in zip(calls[r], results):
             if not torch.equal(after, own):

@@ -6,8 +6,8 @@ The checks in `data_parallel.py` and `buckets.py` build on these pieces:
   and losses, built the same from a seed in any process;
 - the reference: one process training the same model on the whole batch (`whole_batch`), and the
   gradient of any part of a batch at given weights (`gradient_at`);
-- `refusing`: while the student's code runs, the lesson's own functions from `dlcourse.parallel`
-  (the answers) raise, under every name they are bound to;
+- `DATA_PARALLEL`: the lesson's answers, declared to the engine (`answers.py`): while the
+  student's code runs, `dlcourse.parallel.data`, torch's DDP and these checks' functions raise;
 - `Watch`: lesson 02's CommCounter, noting also which parameter's values a collective carried (a
   gradient's memory is not its parameter's) and each call of `loss_fn` in between;
 - `explain_step`: SGD moves a weight by lr x gradient, so (before - after) / lr is the gradient
@@ -19,12 +19,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import dlcourse.parallel.data.buckets as buckets_module
-import dlcourse.parallel.data.compare as compare_module
-import dlcourse.parallel.data.steps as data_module
-import dlcourse.parallel.data.overlap as overlap_module
 from dlcourse.collectives.counter import CommCounter, record_of
-from dlcourse.checks.core import fail, refusal, replaced
+from dlcourse.checks.answers import Answers
+from dlcourse.checks.core import fail
 from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, init_weights, lm_loss,
                              synthetic_regression, synthetic_tokens)
 
@@ -141,40 +138,12 @@ def combine(terms):
 
 # ---------------------------------------------------------------- running the student's code
 
-# The lesson's functions, which are the answers: refused while the student's code runs.
-LIBRARY = {
-    "broadcast_parameters": data_module.broadcast_parameters,
-    "average_gradients": data_module.average_gradients,
-    "uneven_loss_scale": data_module.uneven_loss_scale,
-    "train_step": data_module.train_step,
-    "make_buckets": buckets_module.make_buckets,
-    "all_reduce_buckets": buckets_module.all_reduce_buckets,
-    "all_reduce_bucket": buckets_module.all_reduce_bucket,
-    "Bucket": buckets_module.Bucket,
-    "DataParallel": overlap_module.DataParallel,
-}
-
-
-def refusing_for(names, fn):
-    """`call_in_process(guard=partial(refusing_for, names))`: `refusing`, the student's
-    function's globals included."""
-    return refusing(names, [getattr(fn, "__globals__", {})])
-
-
-def refusing(names, namespaces=()):
-    """Make the LIBRARY entries in `names` raise ForbiddenCall under every name bound to them in
-    dlcourse.parallel's modules and in `namespaces` (a student's globals), while the returned
-    context is active. A function unpickled inside it finds the refusal under the names it
-    imported."""
-    modules = [vars(m) for m in (data_module, buckets_module, compare_module, overlap_module)]
-    why = "it is the lesson's answer to this exercise; write it yourself"
-    return replaced([*modules, *namespaces],
-                    [(LIBRARY[n], refusal(f"{n} from dlcourse.parallel", why)) for n in names])
-
-
-def refuse_library():
-    """`run_on_ranks(guard=refuse_library)`: every LIBRARY answer refused in the rank."""
-    return refusing(LIBRARY)
+# The lesson's data-parallel code, torch's DDP and these checks' own references, declared to the
+# one engine (`answers.py`): refused while the student's code runs.
+DATA_PARALLEL = Answers(
+    packages=("dlcourse.parallel.data",),
+    torch=(("torch.nn.parallel", "DistributedDataParallel"),),
+    checks=("dlcourse.checks.data_parallel", "dlcourse.checks.buckets", "dlcourse.checks.replicas"))
 
 
 class Watch(CommCounter):

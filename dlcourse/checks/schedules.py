@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, describe, expect_callable, fail,
                                   fresh_cases, kind, run_on_ranks)
-from dlcourse.checks.stages import (Chain, expect_stage_grads, join, refuse_pipelines,
+from dlcourse.checks.stages import (Chain, expect_stage_grads, join, PIPELINE,
                                     run_actions, whole_batch)
 
 
@@ -178,7 +178,7 @@ def _check_schedule_case(schedule_1f1b, chain, m, micro_size, timeout):
     where = f"schedule_1f1b with n_stages = {p}, n_micro = {m}"
     outcomes = run_on_ranks(schedule_1f1b, [(chain, m, micro_size)] * p,
                             exercise="schedule_1f1b", where=where, hint=SCHEDULE_HINT,
-                            harness=_schedule_in_rank, guard=refuse_pipelines, timeout=timeout)
+                            harness=_schedule_in_rank, guard=PIPELINE.in_rank, timeout=timeout)
     expected = whole_batch(chain, chain.batch(m, micro_size))
     for rank, (result, _) in enumerate(outcomes):
         if result["problem"]:
@@ -256,7 +256,7 @@ def check_last_stage_backward(last_stage_backward, timeout=RUN_TIMEOUT_S, *, rng
                  "F.mse_loss")
         outcomes = run_on_ranks(last_stage_backward, [(chain, m, b)] * p,
                                 exercise="last_stage_backward", where=where, hint=LOSS_HINT,
-                                harness=_loss_in_rank, guard=refuse_pipelines,
+                                harness=_loss_in_rank, guard=PIPELINE.in_rank,
                                 timeout=timeout)
         _expect_loss_case(outcomes, chain, m, b, where)
     print(f"last_stage_backward: passed on {len(ps)} cases drawn at random ({join(ps)} stages, "

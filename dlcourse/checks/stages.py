@@ -7,28 +7,20 @@
   `recv`, each message tagged with its micro-batch, so any order that
   `schedules.schedule_problem` passes runs.
 - `stage_counts`: the numbers of stages a check draws, never p = 4 alone.
-- `refusing_pipelines`: while the student's code runs, every public function and class defined
-  in `dlcourse.parallel.pipeline` (found by walking the package, so one added later is refused
-  too) and everything in `torch.distributed.pipelining.schedules` raises ForbiddenCall, however
-  it is reached (`core.replaced` swaps a function's own code, not only the names bound to it).
+- `PIPELINE`: the lesson's answers, declared to the engine (`answers.py`): while the student's
+  code runs, every public function and class of `dlcourse.parallel.pipeline`, everything torch's
+  schedules define and the functions of these check modules raise ForbiddenCall.
 """
 
-import contextlib
-import importlib
-import inspect
-import pkgutil
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dlcourse.checks.core import fail, refusal, replaced
+from dlcourse.checks.answers import Answers
+from dlcourse.checks.core import fail
 
-LIBRARY_PACKAGE = "dlcourse.parallel.pipeline"
-TORCH_SCHEDULES = ("torch.distributed.pipelining.schedules",
-                   "torch.distributed.pipelining._schedule_visualizer")
-WHY = "it computes the answer to this exercise; write it yourself"
 
 # ---------------------------------------------------------------- the pipeline and its reference
 
@@ -185,69 +177,11 @@ def _sendable(grad, like):
 
 # ---------------------------------------------------------------- refusing the answers
 
-
-def answer_modules():
-    """The modules whose functions and classes are the answers: dlcourse.parallel.pipeline's
-    (walked now: a module added since is included; one that fails to import is skipped, as the
-    student cannot import it either) and torch's schedules."""
-    names = list(TORCH_SCHEDULES)
-    try:
-        package = importlib.import_module(LIBRARY_PACKAGE)
-        names.append(LIBRARY_PACKAGE)
-        names += [m.name for m in pkgutil.walk_packages(package.__path__, LIBRARY_PACKAGE + ".",
-                                                        onerror=lambda name: None)]
-    except Exception:  # not written yet, or being edited and not importable: nothing to refuse
-        pass
-    modules = []
-    for name in names:
-        try:
-            modules.append(importlib.import_module(name))
-        except Exception:  # a module being edited that does not import: nothing to refuse
-            continue
-    return modules
-
-
-def _answers(module):
-    """(qualified name, object) of the functions and classes defined in `module`: every one in
-    torch's schedules, the public ones in the course's package."""
-    private_too = module.__name__ in TORCH_SCHEDULES
-    for name, value in vars(module).items():
-        if (inspect.isfunction(value) or inspect.isclass(value)) \
-                and getattr(value, "__module__", None) == module.__name__ \
-                and (private_too or not name.startswith("_")):
-            yield f"{module.__name__}.{name}", value
-
-
-def _methods_of(cls):
-    """The functions a class defines itself (not one it inherits, as an Enum's __new__)."""
-    found = []
-    for member in vars(cls).values():
-        member = getattr(member, "__func__", member)  # staticmethod, classmethod
-        member = getattr(member, "fget", member)  # property
-        if inspect.isfunction(member) and member.__module__ == cls.__module__ \
-                and member.__qualname__.startswith(cls.__qualname__ + "."):
-            found.append(member)
-    return found
-
-
-@contextlib.contextmanager
-def refusing_pipelines(namespaces=()):
-    """While active, the answers raise ForbiddenCall (`core.replaced`): a function by its own
-    code, so every name, alias or default argument reaching it is refused; a class by its name
-    and by its methods' code, so an instance made before the check is refused too. Yields what
-    `replaced` yields (the refused code, to find copies of it)."""
-    modules = answer_modules()
-    replacements = []
-    for module in modules:
-        for qualname, value in _answers(module):
-            stand_in = refusal(qualname, WHY)
-            replacements.append((value, stand_in))
-            if inspect.isclass(value):
-                replacements += [(method, stand_in) for method in _methods_of(value)]
-    with replaced([*map(vars, modules), *namespaces], replacements) as refused:
-        yield refused
-
-
-def refuse_pipelines():
-    """`run_on_ranks(guard=refuse_pipelines)`: the answers refused in the rank."""
-    return refusing_pipelines()
+# The course's pipeline package, everything torch's schedules define, and the checks' own
+# references and simulators (`one_f_one_b`, `_simulated_bubble`, ...).
+PIPELINE = Answers(
+    packages=("dlcourse.parallel.pipeline",),
+    torch=("torch.distributed.pipelining.schedules",
+           "torch.distributed.pipelining._schedule_visualizer"),
+    checks=("dlcourse.checks.pipeline", "dlcourse.checks.schedules", "dlcourse.checks.stages"),
+    why="it computes the answer to this exercise; write it yourself")

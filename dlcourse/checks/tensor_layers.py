@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail, kind,
                                   random_tensor, run_on_ranks)
-from dlcourse.checks.tensor_library import draw, draw_tp_sizes, refuse_tensor_library, wide_seed
+from dlcourse.checks.tensor_library import TENSOR, draw, draw_tp_sizes, wide_seed
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.models import CausalSelfAttention, GPTConfig
 
@@ -62,7 +62,7 @@ def check_qkv_shard(qkv_shard, seed=None, timeout=CHECK_TIMEOUT_S):
         where = (f"qkv_shard on {tp} ranks, {n_heads} heads of {head_dim} (h = {config.hidden}), "
                  f"{'with' if config.bias else 'no'} bias, seed {seed}")
         outcomes = run_on_ranks(qkv_shard, [(attn, x)] * tp, exercise="qkv_shard", where=where,
-                                hint=QKV_HINT, harness=_qkv_in_rank, guard=refuse_tensor_library,
+                                hint=QKV_HINT, harness=_qkv_in_rank, guard=TENSOR.in_rank,
                                 timeout=timeout)
         expected = attn(x).detach()
         for rank, ((got, y), _) in enumerate(outcomes):
@@ -180,7 +180,7 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, seed=None,
         outcomes = run_on_ranks(vocab_parallel_cross_entropy,  # rank r: its (N, V/t) only
                                 [(mine.clone(), targets) for mine in logits.chunk(tp, dim=-1)],
                                 exercise=name, where=where, hint=LOSS_HINT,
-                                harness=_loss_in_rank, guard=refuse_tensor_library,
+                                harness=_loss_in_rank, guard=TENSOR.in_rank,
                                 timeout=timeout)
         for rank, (got, _) in enumerate(outcomes):
             _expect_loss(got, loss.detach(), whole.grad.chunk(tp, dim=-1)[rank],

@@ -9,14 +9,19 @@ classes through their constructors, `apply` and every method they define (`answe
 
 import random
 
-from dlcourse.checks import answers
+from dlcourse.checks.answers import Answers
 
-PACKAGE = "dlcourse.parallel.tensor"
-WHY = "it is the lesson's answer to this exercise; write it yourself"
-# torch's tensor parallelism (DTensor), by the module that binds it: (module, attribute)
-TORCH_ANSWERS = [("torch.distributed.tensor.parallel", name) for name in (
-    "parallelize_module", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
-    "PrepareModuleInput", "PrepareModuleOutput", "loss_parallel")]
+# The lesson's tensor-parallel code, torch's (DTensor, by the module that binds it) and the
+# checks' own references; a class keeps its names, so a student's subclass refuses through them.
+TENSOR = Answers(
+    packages=("dlcourse.parallel.tensor",),
+    torch=tuple(("torch.distributed.tensor.parallel", name) for name in (
+        "parallelize_module", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
+        "PrepareModuleInput", "PrepareModuleOutput", "loss_parallel")),
+    checks=("dlcourse.checks.tensor_parallel", "dlcourse.checks.tensor_layers",
+            "dlcourse.checks.tensor_library"),
+    allow=("_apply", "_is_function_class", "_not_a_function_class"),  # the harness's, in guard
+    keep_classes=True)
 
 
 def draw(seed=None):
@@ -37,20 +42,3 @@ def draw_tp_sizes(rng):
     sizes = [2, 3, 4]
     rng.shuffle(sizes)
     return sizes
-
-
-def library_answers():
-    """[(name, object)]: the public functions and classes defined in dlcourse.parallel.tensor's
-    modules (none while the package does not exist), then torch's DTensor answers."""
-    return answers.library_answers(PACKAGE, TORCH_ANSWERS)
-
-
-def refusing_tensor(namespaces=()):
-    """While active, every library answer raises ForbiddenCall however it is reached, the
-    lesson's classes through their constructors, `apply` and methods (`answers.py`)."""
-    return answers.refusing_answers(library_answers(), WHY, namespaces, methods=True)
-
-
-def refuse_tensor_library():
-    """`run_on_ranks(guard=refuse_tensor_library)`: the answers refused in the rank."""
-    return refusing_tensor()

@@ -27,7 +27,7 @@ from dlcourse.checks.core import (CHECK_TIMEOUT_S, call_in_process, dtype_name, 
                                   expect_tensor, expect_unchanged, fail, fresh_cases, kind,
                                   random_tensor, run_on_ranks)
 from dlcourse.checks.zero_cases import draw_world_sizes, padded_shard, uneven
-from dlcourse.checks.zero_library import refuse_zero_library, refusing_zero
+from dlcourse.checks.zero_library import ZERO
 from dlcourse.checks.zero_steps import check_zero_step
 from dlcourse.checks.zero_units import check_gather_and_free
 from dlcourse.memory import model_state_bytes, storage_bytes
@@ -77,7 +77,7 @@ def _check_shard_case(shard_of, world_size, shapes, dtype, data_seed, timeout):
     where = (f"shard_of on {world_size} ranks, {dtype_name(dtype)} parameters of shapes "
              f"{', '.join(map(str, shapes))} (Ψ = {psi}, s = {s})")
     outcomes = run_on_ranks(shard_of, [(params,)] * world_size, exercise="shard_of", where=where,
-                            hint=SHARD_HINT, harness=_shard_in_rank, guard=refuse_zero_library,
+                            hint=SHARD_HINT, harness=_shard_in_rank, guard=ZERO.in_rank,
                             timeout=timeout)
     for rank, ((got, after), _) in enumerate(outcomes):
         for i, (before, p) in enumerate(zip(params, after)):
@@ -158,10 +158,8 @@ def check_zero_bytes_per_rank(zero_bytes_per_rank, *, rng):
           "rank allocates")
 
 
-def _bytes_guard(fn):
-    """`call_in_process(guard=...)`: the library's answers and lesson 01's formula refused."""
-    return refusing_zero([getattr(fn, "__globals__", {})],
-                         extra=[("model_state_bytes from dlcourse.memory", model_state_bytes)])
+# the library's answers and lesson 01's formula refused
+BYTES_ANSWERS = ZERO.but(single=(("dlcourse.memory", "model_state_bytes"),))
 
 
 def _check_bytes_case(fn, n_params, world_size, stage, mixed):
@@ -169,7 +167,7 @@ def _check_bytes_case(fn, n_params, world_size, stage, mixed):
     where = (f"zero_bytes_per_rank(n_params={n_params:,}, world_size={world_size}, "
              f"stage={stage}, mixed_precision={mixed})")
     got = call_in_process(fn, (n_params, world_size, stage, mixed), exercise="zero_bytes_per_rank",
-                          where=where, guard=_bytes_guard, hint=BYTES_HINT)
+                          where=where, guard=BYTES_ANSWERS.in_process, hint=BYTES_HINT)
     got = _as_parts(got, where)
     for part in PARTS:
         want = measured_bytes(n_params, world_size, part, part in STAGE_PARTS[stage], mixed)

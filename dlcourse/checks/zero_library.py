@@ -6,31 +6,14 @@ of `dlcourse.parallel.zero`, and torch's: `ZeroRedundancyOptimizer` (stage 1), `
 (`answers.py`).
 """
 
-from dlcourse.checks import answers
+from dlcourse.checks.answers import Answers
 
-PACKAGE = "dlcourse.parallel.zero"
-WHY = "it is the lesson's answer to this exercise; write it yourself"
-# torch's ZeRO and FSDP, by the modules that bind them: (module, attribute).
-TORCH_ANSWERS = [
-    ("torch.distributed.optim", "ZeroRedundancyOptimizer"),
-    ("torch.distributed.fsdp", "fully_shard"),
-    ("torch.distributed.fsdp", "FullyShardedDataParallel"),
-]
-
-
-def library_answers():
-    """[(name, object)]: the public functions and classes defined in dlcourse.parallel.zero's
-    modules (none while the package does not exist), then torch's ZeRO and FSDP."""
-    return answers.library_answers(PACKAGE, TORCH_ANSWERS)
-
-
-def refusing_zero(namespaces=(), extra=()):
-    """While active, every library answer (and each of `extra`, [(name, object)]) raises
-    ForbiddenCall however it is reached (`answers.py`). Yields `refuse.replaced`'s `Refused`,
-    which finds copies of a refused function."""
-    return answers.refusing_answers(library_answers() + list(extra), WHY, namespaces)
-
-
-def refuse_zero_library():
-    """`run_on_ranks(guard=refuse_zero_library)`: the answers refused in the rank."""
-    return refusing_zero()
+# The lesson's ZeRO code, torch's (ZeroRedundancyOptimizer, stage 1; FSDP2's fully_shard and
+# FullyShardedDataParallel, stage 3) and the checks' own references (`padded_shard`, ...).
+ZERO = Answers(
+    packages=("dlcourse.parallel.zero",),
+    torch=(("torch.distributed.optim", "ZeroRedundancyOptimizer"),
+           ("torch.distributed.fsdp", "fully_shard"),
+           ("torch.distributed.fsdp", "FullyShardedDataParallel")),
+    checks=("dlcourse.checks.zero", "dlcourse.checks.zero_cases", "dlcourse.checks.zero_steps",
+            "dlcourse.checks.zero_units", "dlcourse.checks.zero_library"))

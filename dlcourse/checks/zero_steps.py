@@ -22,7 +22,7 @@ from dlcourse.checks.replicas import expect_weights, shards, snapshot, whole_bat
 from dlcourse.checks.zero_cases import (GRAD_ATOL, build, data, describe_model, draw_model,
                                         draw_world_sizes, flat_of, gradient, loss_fn,
                                         padded_shard, uneven)
-from dlcourse.checks.zero_library import refuse_zero_library
+from dlcourse.checks.zero_library import ZERO
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.memory import storage_bytes
 
@@ -72,7 +72,7 @@ def _check_step_case(zero_step, spec, world_size, per_rank, data_seed, timeout):
              f"{W * s - psi} padding), {per_rank} samples per rank")
     outcomes = run_on_ranks(zero_step, [([st[r] for st in steps],) for r in range(W)],
                             exercise="zero_step", where=where, hint=STEP_HINT, timeout=timeout,
-                            harness=partial(_step_in_rank, spec), guard=refuse_zero_library,
+                            harness=partial(_step_in_rank, spec), guard=ZERO.in_rank,
                             forbid=("all_reduce", "all_reduce_coalesced"),
                             why_forbidden="stage 1 needs only this rank's shard of the average: "
                                           "reduce-scatter it")

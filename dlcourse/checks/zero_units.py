@@ -22,7 +22,7 @@ from dlcourse.checks.replicas import shards, snapshot
 from dlcourse.checks.zero_cases import (GRAD_ATOL, build, data, describe_model, draw_model,
                                         draw_world_sizes, flat_of, gradient, loss_fn,
                                         padded_shard, uneven)
-from dlcourse.checks.zero_library import refuse_zero_library
+from dlcourse.checks.zero_library import ZERO
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.memory import storage_bytes
 
@@ -75,7 +75,7 @@ def _check_unit_case(gather_and_free, spec, world_size, data_seed, timeout):
     outcomes = run_on_ranks(gather_and_free, [([m[r] for m in micro],) for r in range(W)],
                             exercise="gather_and_free", where=where, hint=UNIT_HINT,
                             timeout=timeout, harness=partial(_unit_in_rank, spec),
-                            guard=refuse_zero_library)
+                            guard=ZERO.in_rank)
     for rank, (records, _) in enumerate(outcomes):
         for k, record in enumerate(records, 1):
             _expect_unit_pass(spec, record, micro[k - 1][rank], k, rank, where)
@@ -88,13 +88,13 @@ def _unit_in_rank(spec, student, micro_batches):
     unit = unit_of(model, spec)
     W, rank = dist.get_world_size(), dist.get_rank()
     full, shard = _shard_unit(unit, W, rank)
-    records = []
+    records, loss_of = [], loss_fn(spec)  # the check's own helpers: called before the guard
     with student.guarded():  # the hooks run the student's code: guarded as it runs
         student.fn(unit, full, shard, dist.group.WORLD)
         for x, y in micro_batches:
             model.zero_grad(set_to_none=True)
             with CommCounter() as forward:
-                loss = loss_fn(spec)(model(x), y)
+                loss = loss_of(model(x), y)
             after_forward = storage_bytes(unit.parameters())
             with CommCounter() as backward:
                 loss.backward()
