@@ -10,8 +10,8 @@ import types
 import pytest
 import torch
 
-from dlcourse.checks.answers import WHY_KEY, Answers
-from dlcourse.checks.refuse import ForbiddenCall
+from dlcourse.checks.core.answers import WHY_KEY, Answers
+from dlcourse.checks.core.refuse import ForbiddenCall
 
 LIBRARY = '''
 import functools

@@ -179,7 +179,7 @@ def test_a_none_gradient_given_to_a_collective_is_named_on_the_first_line():
 
 
 def test_a_function_listed_twice_is_given_back_its_own_code():
-    from dlcourse.checks.refuse import refusal, replaced
+    from dlcourse.checks.core.refuse import refusal, replaced
     code = model_state_bytes.__code__
     stand_in = refusal("model_state_bytes", "twice")
     with replaced([], [(model_state_bytes, stand_in), (model_state_bytes, stand_in)]):

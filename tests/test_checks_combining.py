@@ -13,7 +13,7 @@ import pytest
 import torch
 from checking import first_line_and_hint
 
-from dlcourse.checks import combining
+from dlcourse.checks.combining import grid as combining
 from dlcourse.checks.combining import (
     check_axis_groups,
     check_best_layout,

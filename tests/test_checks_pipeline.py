@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.distributed.pipelining.schedules as torch_schedules
 
 from checking import HANG_TIMEOUT_S, first_line_and_hint, starts
-from dlcourse.checks import schedules, stages
-from dlcourse.checks.answers import class_methods
+from dlcourse.checks.pipeline import schedules, stages
+from dlcourse.checks.core.answers import class_methods
 from dlcourse.checks.core import CheckFailed, ForbiddenCall
 from dlcourse.checks.pipeline import (check_bubble_fraction, check_exchange,
                                       check_last_stage_backward, check_schedule_1f1b,

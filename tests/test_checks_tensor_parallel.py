@@ -15,10 +15,10 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 
-import dlcourse.checks.tensor_library as tensor_library
+import dlcourse.checks.tensor_parallel.refused as tensor_library
 import dlcourse.parallel.tensor.comm as tp_comm
 from checking import first_line_and_hint, starts
-from dlcourse.checks.refuse import ForbiddenCall
+from dlcourse.checks.core.refuse import ForbiddenCall
 from dlcourse.checks.tensor_parallel import (check_column_parallel_linear, check_f, check_g,
                                              check_qkv_shard, check_row_parallel_linear,
                                              check_vocab_parallel_cross_entropy)

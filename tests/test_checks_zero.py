@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-import dlcourse.checks.zero as zero_checks
+import dlcourse.checks.zero.shards as zero_checks
 from checking import first_line_and_hint, starts
 from dlcourse.checks.zero import (check_gather_and_free, check_shard_of, check_zero_bytes_per_rank,
                                   check_zero_step)
