@@ -398,6 +398,19 @@ def qkv_from_the_library(qkv, group):
     return shard(qkv.weight, 0, r, t, parts=3), None
 
 
+def qkv_patching_the_checks_helper(qkv, group):
+    """Wrong rows (contiguous blocks), and the check's helper rebound in the rank to give the
+    right term of the attention whatever the rows: issue 28's escape."""
+    import dlcourse.checks.tensor_parallel.layers as layers
+
+    def heads(attn, w, b, x, rank, tp):  # this rank's share of the whole attention
+        y = attn(x).detach()
+        return (y if attn.proj.bias is None else y - attn.proj.bias.detach()) / tp
+
+    layers._heads = heads
+    return qkv_contiguous_chunks(qkv, group)
+
+
 @pytest.mark.parametrize("answer", [qkv_shard, qkv_by_view])
 def test_qkv_shard_passes_correct_answers(answer, capsys):
     check_qkv_shard(answer)
@@ -406,6 +419,7 @@ def test_qkv_shard_passes_correct_answers(answer, capsys):
 
 @pytest.mark.parametrize("answer, says, hint", [
     (qkv_contiguous_chunks, "rank ? returned wrong values", "contiguous blocks of rows"),
+    (qkv_patching_the_checks_helper, "rank ? returned wrong values", "contiguous blocks of rows"),
     (qkv_wrong_dim, "rank ? returned a weight of", "cuts the weight's columns"),
     (qkv_bias_contiguous, "rank ? returned wrong values", "bias was cut"),
     (qkv_tp4_only, ("rank ? raised", "rank ? returned"), ""),

@@ -380,6 +380,21 @@ def gather_and_free_reversed_ranks(unit, full, shard, group):
     _hooks(unit, gather, _free(full))
 
 
+def gather_and_free_from_a_hidden_copy(unit, full, shard, group):
+    """Gathers once, when installed, keeps a full copy, and makes a 1-element all-reduce before
+    each pass to look as if it gathered: issue 28's escape."""
+    _gatherer(full, shard, group)()
+    hidden, token = full.clone(), torch.zeros(1, dtype=full.dtype)
+    _free(full)()
+
+    def gather():
+        _storage(full).resize_(full.numel() * full.element_size())
+        full.data.copy_(hidden)  # as a collective writes: no autograd version bump
+        dist.all_reduce(token, group=group)
+
+    _hooks(unit, gather, _free(full))
+
+
 def gather_and_free_with_fsdp(unit, full, shard, group):
     fully_shard(unit)
 
@@ -399,6 +414,8 @@ def test_gather_and_free_passes_correct_answers(answer, capsys):
     (gather_and_free_allocates_without_gathering, "rank ? made no collective in backward",
      "gather again"),
     (gather_and_free_reversed_ranks, "rank ? returned wrong values", "rank order"),
+    (gather_and_free_from_a_hidden_copy, "rank ? made all_reduce of 8 bytes in forward 1: a "
+                                         "correct answer gathers", "gather before the unit's forward"),
     (gather_and_free_with_fsdp, "rank ? called torch's fully_shard", ""),
 ])
 def test_gather_and_free_fails_wrong_answers(answer, says, hint):

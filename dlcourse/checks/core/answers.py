@@ -9,7 +9,8 @@ An exercise set declares its answers once, as an `Answers`:
 - `single`: one function or class more each, (module, attribute), e.g. an earlier lesson's formula;
 - `checks`: the set's own check package: every function its modules define (references,
   simulators, helpers) is an answer key a student could import, so it refuses too; `allow` names
-  the ones the student legitimately calls back;
+  the ones the student legitimately calls back; the modules' names are put back when the block
+  ends, so a student who rebinds a check's helper changes nothing the check calls afterwards;
 - `also`: guards of another kind, context-manager factories entered with the refusals (a torch
   module's constructor, a table of the lesson's).
 `answers.refusing(namespaces)` refuses them all, however reached (`refuse.replaced`):
@@ -75,6 +76,8 @@ class Answers:
         """While active, every answer and answer key raises ForbiddenCall however it is
         reached. Yields `refuse.replaced`'s `Refused` (which finds copies)."""
         with contextlib.ExitStack() as stack:
+            for module in (m for name in self.checks for m in package_modules(name)):
+                stack.callback(_restore, vars(module), dict(vars(module)))
             for guard in self.also:
                 stack.enter_context(guard())
             yield stack.enter_context(refusing_answers(
@@ -92,6 +95,16 @@ class Answers:
     def but(self, **changes):
         """This declaration with some fields changed: one exercise's own refusals."""
         return dataclasses.replace(self, **changes)
+
+
+def _restore(namespace, saved):
+    """Put a check module's names back as they were: a student's code may rebind a check's
+    helper (`layers._heads = ...`) for the check to call after it returned."""
+    for name in set(namespace) - set(saved):
+        del namespace[name]
+    for name, value in saved.items():
+        if namespace.get(name) is not value:
+            namespace[name] = value
 
 
 def library_answers(packages, torch_answers=()):

@@ -7,7 +7,8 @@ block or an MLP's last layer) the way FSDP does: its parameters become views of 
 whose memory is freed, beside this rank's shard. The student's hooks run forward and backward on
 2, 3 and 4 ranks; every gradient is compared with the same model unsharded, the bytes the unit's
 parameters hold after each pass are measured (stage 3 frees them), and the collectives of each
-pass are counted (backward must gather again).
+pass are counted by kind and bytes (lesson 02's CommCounter): each pass must bring in the other
+ranks' shards again, which a full copy kept between passes and a token collective do not.
 """
 
 from functools import partial
@@ -76,9 +77,10 @@ def _check_unit_case(gather_and_free, spec, world_size, data_seed, timeout):
                             exercise="gather_and_free", where=where, hint=UNIT_HINT,
                             timeout=timeout, harness=partial(_unit_in_rank, spec),
                             guard=ZERO.in_rank)
+    full_bytes = W * s * _itemsize(spec)  # `full`: N shards of s elements
     for rank, (records, _) in enumerate(outcomes):
         for k, record in enumerate(records, 1):
-            _expect_unit_pass(spec, record, micro[k - 1][rank], k, rank, where)
+            _expect_unit_pass(spec, record, micro[k - 1][rank], k, rank, where, full_bytes, W)
 
 
 def _unit_in_rank(spec, student, micro_batches):
@@ -101,8 +103,8 @@ def _unit_in_rank(spec, student, micro_batches):
             records.append({"grads": {n: p.grad for n, p in model.named_parameters()},
                             "after_forward": after_forward,
                             "after_backward": storage_bytes(unit.parameters()),
-                            "forward_ops": len(forward.records),
-                            "backward_ops": len(backward.records)})
+                            "forward_ops": [(r.op, r.nbytes) for r in forward.records],
+                            "backward_ops": [(r.op, r.nbytes) for r in backward.records]})
     return records
 
 
@@ -123,21 +125,38 @@ def _shard_unit(unit, W, rank):
     return full, shard
 
 
-def _expect_unit_pass(spec, record, micro_batch, k, rank, where):
+def _itemsize(spec):
+    """Bytes per element of the unit's parameters."""
+    return next(build(spec).parameters()).element_size()
+
+
+def _expect_gathered(ops, full_bytes, W, which, rank, where, hint):
+    """Fail unless the collectives of one pass (CommCounter's (op, nbytes)) carried the whole
+    unit: the others' N - 1 shards at least. A full copy kept between passes and a token
+    collective to look busy moves a few bytes; an all-gather of `full` moves N x s elements."""
     __tracebackhide__ = True
-    if record["forward_ops"] == 0:
-        fail(where, rank, f"made no collective in forward {k}: the unit's parameters were not "
-                          "gathered before it", UNIT_HINT)
+    moved, need = sum(nbytes for _, nbytes in ops), full_bytes * (W - 1) // W
+    if moved >= need:
+        return
+    made = ", ".join(f"{op} of {nbytes:,} bytes" for op, nbytes in ops) or "no collective"
+    fail(where, rank, f"made {made} in {which}: a correct answer gathers the unit's parameters "
+                      f"from the ranks' shards before each pass, one all_gather_into_tensor "
+                      f"of `full` ({full_bytes:,} bytes, the other ranks' {need:,} of them), "
+                      "and keeps no full copy between passes", hint)
+
+
+def _expect_unit_pass(spec, record, micro_batch, k, rank, where, full_bytes, W):
+    __tracebackhide__ = True
+    _expect_gathered(record["forward_ops"], full_bytes, W, f"forward {k}", rank, where,
+                     "gather before the unit's forward: " + UNIT_HINT)
     if record["after_forward"]:
         fail(where, rank, f"still holds {record['after_forward']:,} bytes of the unit's gathered "
                           f"parameters after forward {k}: stage 3 frees them as soon as the "
                           "unit's forward is done", "free them in a forward hook "
                                                    "(full.untyped_storage().resize_(0))")
-    if record["backward_ops"] == 0:
-        fail(where, rank, f"made no collective in backward {k}: the parameters backward uses "
-                          "were not gathered again after forward freed them",
-             "gather again before the unit's backward (register_full_backward_pre_hook): "
-             "resizing the storage back gives memory, not the values")
+    _expect_gathered(record["backward_ops"], full_bytes, W, f"backward {k}", rank, where,
+                     "gather again before the unit's backward (register_full_backward_pre_hook):"
+                     " resizing the storage back gives memory, not the values")
     if record["after_backward"]:
         fail(where, rank, f"still holds {record['after_backward']:,} bytes of the unit's "
                           f"gathered parameters after backward {k}",
