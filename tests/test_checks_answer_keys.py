@@ -48,14 +48,14 @@ def test_zero_bytes_per_rank_refuses_the_checks_measured_bytes():
 
 def test_schedule_1f1b_refuses_the_checks_one_f_one_b():
     first, _ = first_line_and_hint(check_schedule_1f1b, schedule_by_the_key)
-    assert starts(first.split(": ", 1)[1], "rank ? called one_f_one_b from "
-                                           "dlcourse.checks.pipeline.schedules, " + NOT_ALLOWED), first
+    says = "rank ? called one_f_one_b from dlcourse.checks.pipeline.schedules, " + NOT_ALLOWED
+    assert starts(first.split(": ", 1)[1], says), first
 
 
 def test_bubble_fraction_refuses_the_checks_simulator():
     first, _ = first_line_and_hint(check_bubble_fraction, bubble_by_the_key)
-    assert f"called _simulated_bubble from dlcourse.checks.pipeline.basics, {NOT_ALLOWED}" in first, \
-        first
+    says = f"called _simulated_bubble from dlcourse.checks.pipeline.basics, {NOT_ALLOWED}"
+    assert says in first, first
 
 
 def test_the_keys_work_again_after_a_check():

@@ -11,13 +11,14 @@ the planner's arithmetic.
                                               interleaved (`pipeline.py`)
 
 The grid checks are in `grid.py`, the model-state bytes and the planner's two in `plan.py`, the
-refusals in `refused.py`. Every check draws its cases afresh on each run (`core.fresh_cases`; a failure names the seed): grids of 2 to
-16 ranks, 1 to 4 per axis, the axes in a random order, the first grid with all three axes above 1
-in an order other than the default, so an answer right for one grid shape or one order fails.
-The references share no code with a solution: the grid is enumerated with itertools.product in
-its order (C order, the last axis fastest), not computed with divmod; the collectives are the
-table of lessons 03-06 written out per axis, which tests/test_checks_combining.py holds equal to
-what `combine` issues on 6 ranks, counted at torch's dispatcher.
+refusals in `refused.py`. Every check draws its cases afresh on each run (`core.fresh_cases`; a
+failure names the seed): grids of 2 to 16 ranks, 1 to 4 per axis, the axes in a random order, the
+first grid with all three axes above 1 in an order other than the default, so an answer right for
+one grid shape or one order fails. The references share no code with a solution: the grid is
+enumerated with itertools.product in its order (C order, the last axis fastest), not computed with
+divmod; the collectives are the table of lessons 03-06 written out per axis, which
+tests/test_checks_combining_references.py holds equal to what `combine` issues on 6 ranks, counted
+at torch's dispatcher.
 """
 
 from dlcourse.checks.combining.grid import (check_rank_coords, check_axis_groups,
