@@ -1,6 +1,5 @@
 """Checks for lesson 07's exercises on the planner's arithmetic (exported by `__init__.py`, where
-the grader cells find them): the model state of one rank of a grid, what a million tokens cost,
-and which of three layouts to pick.
+the grader cells find them): a grid rank's model state, a million tokens' cost, the layout.
 
     check_grid_state_bytes(grid_state_bytes)
     check_cost_per_million_tokens(cost_per_million_tokens)
