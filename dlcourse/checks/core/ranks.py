@@ -35,8 +35,8 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
 
     `where` names the case in messages (default: the exercise); `hint` follows a rank's error,
     `hang_hint` a deadlock's. `guard()`, if given, makes a context manager that is active in the
-    rank whenever the student's code runs, e.g. `partial(refusing, LIBRARY)` to refuse the
-    library's answers; `forbid` refuses torch.distributed functions the same way.
+    rank whenever the student's code runs, e.g. `ANSWERS.in_rank` (an exercise set's `Answers`)
+    to refuse the lesson's answers; `forbid` refuses torch.distributed functions the same way.
     `harness(student, *args)`, if given, is called in the rank instead of `fn(*args)`: a
     module-level function of the check's that builds what the student's function works on, calls
     `student(...)` (the student's function, inside the guards) and returns what the check
@@ -155,7 +155,7 @@ class Submitted:
 def call_in_process(fn, args, *, exercise, where, guard=None, hint="", answer=None):
     """fn(*args) in the notebook's own process, for exercises that are formulas rather than
     ranks; `guard(fn)` (a function of the student's function that returns a context manager,
-    e.g. one built on `replaced(...)`) is active while it runs. What the student's function
+    e.g. `ANSWERS.in_process`) is active while it runs. What the student's function
     raises becomes a CheckFailed that names the case (and gives `hint`). A `Submitted` function
     (`dlcourse grade`) runs on one rank instead, its answer read back as data; `answer(value,
     *args)`, if given, turns the answer into data where it is computed (both ways alike)."""
