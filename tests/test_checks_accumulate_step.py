@@ -187,8 +187,9 @@ def test_accumulate_step_solutions_pass(step, capsys):
                                                 "per bucket, once per step",
      "do not all-reduce them yourself as well"),
     (accumulate_with_the_library, ACC_MLP.replace("rank 0 ", "rank ?") + " called train_step "
-                                                                        "from dlcourse.parallel, "
-                                                                        "which this exercise does "
+                                                                        "from dlcourse.parallel."
+                                                                        "data.steps, which this "
+                                                                        "exercise does "
                                                                         "not allow", ""),
 ])
 def test_accumulate_step_rejects_plausible_wrong_answers(wrong, says, hint):

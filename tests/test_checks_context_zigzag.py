@@ -86,7 +86,7 @@ def from_the_check(rank, cp, seq_len):
 @pytest.mark.parametrize("wrong, says", [
     (from_the_lesson, "Layout from dlcourse.parallel.context.layout"),
     (from_torch, "torch's _HeadTailLoadBalancer"),
-    (from_the_check, "the check's zigzag"),
+    (from_the_check, "zigzag from dlcourse.checks.context_parallel.reference"),
 ])
 def test_the_answers_are_refused(wrong, says):
     first, _ = first_line_and_hint(check_zigzag_positions, wrong)

@@ -261,6 +261,6 @@ def test_data_parallel_step_rejects_plausible_wrong_answers(step, says, hint):
 ])
 def test_the_lessons_functions_are_refused(check, wrong, where, name):
     first, _ = _first_line_and_hint(check, wrong)
-    assert _starts(first, where + f"rank ? called {name} from dlcourse.parallel, which this "
-                                  "exercise does not allow: it is the lesson's answer to this "
-                                  "exercise; write it yourself")
+    assert _starts(first, where + f"rank ? called {name} from dlcourse.parallel.data.steps, "
+                                  "which this exercise does not allow: it is the lesson's "
+                                  "answer to this exercise; write it yourself")

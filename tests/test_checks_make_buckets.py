@@ -155,8 +155,9 @@ def test_make_buckets_solution_passes(capsys):
     (make_buckets_of_names, GPT_PLAN + "bucket 0 holds a str, which is not one of the model's "
                                        "parameters",
      "put the Parameter objects themselves in the buckets"),
-    (make_buckets_with_the_library, GPT_PLAN + "called make_buckets from dlcourse.parallel, "
-                                               "which this exercise does not allow", ""),
+    (make_buckets_with_the_library, GPT_PLAN + "called make_buckets from "
+                                               "dlcourse.parallel.data.buckets, which this "
+                                               "exercise does not allow", ""),
 ])
 def test_make_buckets_rejects_plausible_wrong_answers(wrong, says, hint):
     first, got_hint = _first_line_and_hint(check_make_buckets, wrong)

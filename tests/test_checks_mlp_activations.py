@@ -86,7 +86,7 @@ def test_measuring_with_the_library_log_is_refused_too():
             pass
         return log.live_bytes()["activations"]
 
-    with pytest.raises(CheckFailed, match="called dlcourse.memory.SavedTensorLog, which this "
+    with pytest.raises(CheckFailed, match="called SavedTensorLog from dlcourse.memory, which this "
                                           "exercise does not allow"):
         check_mlp_activations(measured_without_a_module)
 

@@ -1,4 +1,4 @@
-"""Lesson 06's interleaved 1F1B check (`dlcourse/checks/schedules_interleaved.py`): the solution
+"""Lesson 06's interleaved 1F1B check (`dlcourse/checks/pipeline/interleaved.py`): the solution
 and an answer written another way pass on real ranks; the mistakes a student makes (B before F in
 the steady state, a warm-up one too long or too short, a chunk missing, chunks in the wrong order)
 fail with a message that names the rank and the mistake; the library's `interleaved_1f1b` and the
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from checking import first_line_and_hint
-from dlcourse.checks import schedules_interleaved as si
+from dlcourse.checks.pipeline import interleaved as si
 from dlcourse.checks.core import CheckFailed
 from dlcourse.checks.pipeline import check_schedule_interleaved
 from dlcourse.parallel.pipeline.measure import bubble_fraction, in_flight_peak, simulate
@@ -183,8 +183,8 @@ def test_a_deadlock_is_named():
 
 
 @pytest.mark.parametrize("answer, says", [
-    (library, "called dlcourse.parallel.pipeline.schedules.interleaved_1f1b"),
-    (check_reference, "called expected_warm_up from dlcourse.checks.schedules_interleaved"),
+    (library, "called interleaved_1f1b from dlcourse.parallel.pipeline.schedules"),
+    (check_reference, "called expected_warm_up from dlcourse.checks.pipeline.interleaved"),
 ])
 def test_the_library_and_the_checks_references_are_refused(answer, says):
     first, _ = first_line_and_hint(check_schedule_interleaved, answer)
@@ -192,7 +192,7 @@ def test_the_library_and_the_checks_references_are_refused(answer, says):
 
 
 def test_the_refusal_ends_with_the_student_code():
-    with si._refusing():
+    with si.PIPELINE.refusing():
         with pytest.raises(Exception, match="does not allow"):
             si.expected_warm_up(0, 2, 2, 2)
     assert si.expected_warm_up(0, 2, 2, 2) == 4

@@ -4,7 +4,7 @@ the rank holds (`gc.get_objects`) for the whole weight, input, upstream gradient
 computes the answer from them without communicating. Each rank is sent its own shard only
 (`launcher.PerRank`) and the reference is computed in the checking process, so there is nothing
 whole to find: such a function finds its own shard, returns one rank's share (or raises), and
-fails. The correct answers of tests/test_checks_tensor_parallel.py still pass."""
+fails. The correct answers of tests/test_checks_megatron_f_g.py still pass."""
 
 import gc
 import sys

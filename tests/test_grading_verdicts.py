@@ -147,7 +147,7 @@ def test_a_submitted_answer_gets_the_verdict_the_kernel_would_give(capsys):
     identity, so named where it is computed) and an autograd Function class (known to be one
     only where it is unpickled, on the rank)."""
     from test_checks_make_buckets import make_buckets, make_buckets_forward_order
-    from test_checks_tensor_parallel import MegatronF, not_a_function
+    from test_checks_megatron_f_g import MegatronF, not_a_function
 
     check_make_buckets(_submitted(make_buckets))
     check_f(_submitted(MegatronF))

@@ -1,26 +1,36 @@
-"""The checks that grader cells call, one module per lesson's exercise set, named after the
-solution notebook's topic (`solutions/NN_topic.ipynb` -> `dlcourse/checks/topic.py`; a test holds
-the mapping), all built on `core.py`: run the student's function on real ranks, compare with an
-independent reference, refuse the library's own answer, and fail with a message a student can act
-on. The grading engine (`dlcourse.grading`) runs notebooks and never imports these; the library
-never imports them either.
+"""The checks that grader cells call: a core, and one package per lesson's exercise set, named
+after the solution notebook's topic (`solutions/NN_topic.ipynb` -> `dlcourse/checks/topic/`,
+whose `__init__` exports its `check_*`; a test holds the mapping). The core runs the student's
+function on real ranks, compares it with an independent reference, refuses the lesson's answers
+(one engine that every set declares its answers to) and fails with a message a student can act
+on. The grading engine (`dlcourse.grading`) runs notebooks and never imports these, save the
+core's `verdict`; the library never imports them either.
 
-    core.py           run_on_ranks, call_in_process, expect_tensor, refusals (the worked example
-                      is launch.py)
-    launch.py         lesson 00
-    memory.py         lesson 01
-    collectives.py    lesson 02, with rings.py (the ring exercises)
-    data_parallel.py  lesson 03, with buckets.py and replicas.py (models, whole-batch references,
-                      gradient watches, weight comparisons that later lessons' checks reuse)
-    tensor_parallel.py  lesson 04, with tensor_layers.py (the qkv shard, the vocabulary-parallel
-                      loss) and tensor_library.py (refusals, tp sizes drawn per run)
-    zero.py           lesson 05, with zero_steps.py (the sharded step), zero_units.py (a stage-3
-                      unit), zero_cases.py (cases drawn per run) and zero_library.py (refusals)
-    pipeline.py       lesson 06, with schedules.py (the 1F1B list and the loss scaling, run as a
-                      schedule) and stages.py (the reference pipeline, its executor, refusals)
-    combining.py      lesson 07 (the rank grid, the collectives and bytes of a grid), with
-                      combining_plan.py (the planner's cost and choice) and combining_library.py
-                      (refusals: RankGrid, combine, the planner, DeviceMesh)
+    core/             run_on_ranks, call_in_process, Submitted (ranks.py); draw, @fresh_cases
+                      (cases.py); expect_tensor, fail (expect.py); the refusal mechanisms
+                      (refuse.py); Answers, the one answer-blocking engine (answers.py);
+                      stubs.py; verdict.py (a submission checked apart)
+    launch/           lesson 00, the worked example
+    memory/           lesson 01: formulas.py
+    collectives/      lesson 02: ring_checks.py, time.py, and rings.py (running a ring)
+    data_parallel/    lesson 03: steps.py, accumulate.py, buckets.py, and replicas.py (models,
+                      whole-batch references, gradient watches, weight comparisons that later
+                      lessons' checks reuse; DATA_PARALLEL, the answers)
+    tensor_parallel/  lesson 04: linear.py, operators.py (f and g), layers.py (the qkv shard,
+                      the vocabulary-parallel loss), sequence.py (sequence parallelism's pair
+                      and its LayerNorm gradients), refused.py (TENSOR, tp sizes drawn per run)
+    zero/             lesson 05: shards.py, steps.py (the sharded step), units.py (a stage-3
+                      unit), cases.py (cases drawn per run), refused.py (ZERO)
+    pipeline/         lesson 06: basics.py, schedules.py (the 1F1B list, run as a schedule),
+                      interleaved.py (an interleaved 1F1B list, simulated), loss.py, stages.py
+                      (the reference pipeline, its executor, PIPELINE)
+    combining/        lesson 07: grid.py (the rank grid, the collectives of a grid), plan.py
+                      (the planner's cost and choice), pipeline.py, refused.py (COMBINING)
+    context_parallel/ lesson 08: merge.py, zigzag.py, ring.py, ulysses.py, reference.py,
+                      refusals.py (CONTEXT)
+    experts/          lesson 09: routing.py, dispatch.py, counting.py, reference.py,
+                      refusal.py (EXPERTS)
+    hints.py          every exercise's hint levels; summary.py: check_all
 
-Import from the module: `from dlcourse.checks.launch import check_gather_all`.
+Import from the set: `from dlcourse.checks.launch import check_gather_all`.
 """

@@ -1,7 +1,7 @@
 """What a submission's kernel runs in place of a grader cell when `dlcourse grade` grades it: the
 objects the grader call names, pickled by value into files, and nothing checked (issue 16).
 
-The check itself then runs in a fresh process (`dlcourse/checks/verdict.py`) that no student
+The check itself then runs in a fresh process (`dlcourse/checks/core/verdict.py`) that no student
 cell ran in: a cell that replaced the check, an exception hook or an input transformer changes
 nothing there. Whatever this kernel writes is only ever unpickled on the check's ranks, as the
 student's own code.

@@ -176,7 +176,7 @@ def _export_graders(nb, graders):
 
 
 def _decide(run, calls, seconds):
-    """{code cell: verdict} from `python -m dlcourse.checks.verdict`, run in the submission's
+    """{code cell: verdict} from `python -m dlcourse.checks.core.verdict`, run in the submission's
     sandbox on the objects its kernel exported; {"problem": why} if none came back."""
     if not calls:
         return {}

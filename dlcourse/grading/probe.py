@@ -36,7 +36,7 @@ def kernel_starts(folder, cell_timeout, notebook_timeout):
 
 
 def checking_process_runs(folder, seconds):
-    """Raise CannotGrade unless the checking process (`python -m dlcourse.checks.verdict`),
+    """Raise CannotGrade unless the checking process (`python -m dlcourse.checks.core.verdict`),
     started in the sandbox a notebook of `folder` runs in, answers an empty job with its signed
     line."""
     with tempfile.TemporaryDirectory(prefix="dlcourse-probe-") as tmp:

@@ -93,7 +93,7 @@ def needed_by_python():
 def _not_root():
     """bwrap arguments for a user namespace where the submission is not root: run by root,
     bubblewrap keeps every capability, and root regains them at each exec; an ordinary user id
-    has none (so a rank cannot trace the verdict process, `dlcourse/checks/verdict.py`)."""
+    has none (so a rank cannot trace the verdict process, `dlcourse/checks/core/verdict.py`)."""
     return ["--unshare-user", "--uid", str(os.getuid() or 1000), "--gid", str(os.getgid() or 1000),
             "--cap-drop", "ALL"]
 

@@ -3,7 +3,7 @@
 A course grader cell is one call of a check from `dlcourse.checks` on names the notebook
 defines, `check_gather_all(gather_all)`; `grader_call` reads that shape. While grading, the kernel
 runs `export.cell_source` in its place (the named objects pickled to files), and afterwards
-`decide` starts `python -m dlcourse.checks.verdict`, where the check runs on those bytes without
+`decide` starts `python -m dlcourse.checks.core.verdict`, where the check runs on those bytes without
 unpickling them. A grader cell of another shape (an instructor's own `assert`) keeps the kernel's
 verdict, and the gradebook's notes say so.
 
@@ -89,7 +89,7 @@ def job(calls, folder):
 
 
 def command():
-    return [sys.executable, "-m", "dlcourse.checks.verdict"]
+    return [sys.executable, "-m", "dlcourse.checks.core.verdict"]
 
 
 def sign(key, body):

@@ -1,0 +1,212 @@
+"""Running a student's function where the check's frames and data are not: on real gloo ranks
+(`run_on_ranks`, each rank sent its own arguments only), or for a formula in this process inside
+the exercise's guards (`call_in_process`); a submission's code (`Submitted`) only ever in a rank.
+The guide to the whole core is `dlcourse/checks/core/__init__.py`.
+"""
+
+import contextlib
+
+import torch
+
+import dlcourse
+from dlcourse import pickling, returned
+from dlcourse.checks.core.expect import CheckFailed, expect_callable
+from dlcourse.checks.core.refuse import ForbiddenCall, Refused, forbidden, no_store, none_named
+from dlcourse.checks.core.stubs import is_stub_text, not_written, stub_message
+from dlcourse.errors import RankError, RankTimeout
+from dlcourse.launcher import PerRank, launch_as_data
+
+# A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
+# torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
+CHECK_TIMEOUT_S = 10.0
+
+# The collectives of torch.distributed; `forbid=COLLECTIVES` leaves send/recv (and barrier).
+COLLECTIVES = (
+    "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_into_tensor", "gather",
+    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "all_gather_object", "gather_object", "scatter_object_list", "broadcast_object_list",
+    "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
+)
+
+
+def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why_forbidden="",
+                 hang_hint="", harness=None, guard=None, timeout=CHECK_TIMEOUT_S):
+    """Run `fn(*rank_args[rank])` on every rank; return [(value, args_after)] in rank order.
+
+    `where` names the case in messages (default: the exercise); `hint` follows a rank's error,
+    `hang_hint` a deadlock's. `guard()`, if given, makes a context manager that is active in the
+    rank whenever the student's code runs, e.g. `ANSWERS.in_rank` (an exercise set's `Answers`)
+    to refuse the lesson's answers; `forbid` refuses torch.distributed functions the same way.
+    `harness(student, *args)`, if given, is called in the rank instead of `fn(*args)`: a
+    module-level function of the check's that builds what the student's function works on, calls
+    `student(...)` (the student's function, inside the guards) and returns what the check
+    compares. For a class (an autograd Function), `with student.guarded(): student.fn.apply(...)`.
+    """
+    __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
+    expect_callable(fn, exercise)
+    if stub_message(fn) is not None:  # it can only raise: say so without starting ranks
+        raise CheckFailed(not_written(exercise, stub_message(fn)))
+    world_size = len(rank_args)
+    submitted = isinstance(fn, Submitted)
+    payload = fn.payload if submitted else pickling.dumps(fn)
+    student = StudentCode(payload, tuple(forbid), why_forbidden, guard)
+    # A submission's function (`dlcourse grade`) may have changed anything in its ranks: what
+    # they send back is read as data only, never unpickled as objects here.
+    start = launch_as_data if submitted else dlcourse.launch
+    try:
+        # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
+        # each rank gets its own arguments only: none can read another's (or the whole)
+        return start(_in_rank, student, PerRank(rank_args), harness, submitted,
+                     world_size=world_size, backend="gloo", timeout=timeout)
+    except RankTimeout as error:
+        raise CheckFailed(
+            f"{where or exercise}: did not finish within {timeout:g} s on {world_size} ranks "
+            f"(still running: ranks {', '.join(map(str, error.running))}), so it is most likely "
+            "waiting forever: a collective that not every rank calls, or a recv with no matching "
+            "send. Every rank must make the same collective calls in the same order."
+            + (f"\nHint: {hang_hint}" if hang_hint else "")
+        ) from None
+    except RankError as error:
+        raise CheckFailed(_explain(exercise, where or exercise, hint, error)) from None
+
+
+class StudentCode:
+    """The student's function as a rank receives it: pickled, loaded only inside the exercise's
+    guards (so a name the student imported finds the refusal), and called inside them."""
+
+    def __init__(self, payload, forbid=(), why_forbidden="", guard=None):
+        self.payload, self.forbid, self.why_forbidden, self.guard = (payload, forbid,
+                                                                     why_forbidden, guard)
+        self._fn = None
+
+    @contextlib.contextmanager
+    def guarded(self):
+        """The exercise's refusals, active; a copy of a refused function that the student's
+        function holds (made before the guard, or rebuilt by pickling) is refused too."""
+        with forbidden(self.forbid, self.why_forbidden), none_named(), no_store(), \
+                (self.guard() if self.guard else contextlib.nullcontext()) as refused:
+            _refuse_copies(refused, self.fn)
+            yield
+
+    @property
+    def fn(self):
+        """The student's object; load it inside `guarded()`."""
+        if self._fn is None:
+            self._fn = pickling.loads(self.payload)
+        return self._fn
+
+    def __call__(self, *args, **kwargs):
+        with self.guarded():
+            return self.fn(*args, **kwargs)
+
+
+def _explain(exercise, where, hint, error):
+    """The CheckFailed message for a launch that failed, from the culprit's `RankOutcome`."""
+    outcome = error.outcome
+    if outcome is not None and outcome.raised(ForbiddenCall):
+        return f"{where}: rank {error.rank} {outcome.message}"
+    # The stub that `dlcourse exercises build` writes, not a NotImplementedError from torch.
+    if (outcome is not None and outcome.exception == "NotImplementedError"
+            and is_stub_text(outcome.message)):
+        return not_written(exercise, outcome.message)
+    summary = outcome.summary if outcome is not None else str(error).splitlines()[0]
+    hint = f"\nHint: {hint}" if hint else ""
+    return f"{where}: rank {error.rank} {summary}{hint}\n\n{error.traceback}"
+
+
+def _in_rank(student, args, harness, as_data=False):
+    """Runs in every rank, on this rank's arguments: the student's function (inside its
+    guards), or the check's harness. `as_data`: the arguments come back as data (a module or
+    optimizer as None)."""
+    value = harness(student, *args) if harness else student(*args)
+    # numpy numbers and arrays, Fractions as Python's, as `dlcourse grade` reads them (data only)
+    return returned.as_data(value), (_data_only(args) if as_data else args)
+
+
+def _data_only(value):
+    """`value` with everything that is not a tensor, number, string or container of them as None."""
+    if isinstance(value, (torch.Tensor, str, bytes, int, float, bool, type(None))):
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_data_only(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _data_only(v) for k, v in value.items()}
+    return None
+
+
+class Submitted:
+    """A submission's function or class as `dlcourse grade` hands it to a check: the bytes the
+    notebook's kernel pickled, never unpickled in the checking process. Only the ranks load it
+    (`run_on_ranks`, and `call_in_process`, which runs it on one rank), and what they send back
+    is read as data. So the check's verdict comes from a process no student cell ran in."""
+
+    def __init__(self, name, payload):
+        self.__name__ = self.__qualname__ = name
+        self.payload = payload
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.__name__} is a submission's code: run it on ranks "
+                           "(run_on_ranks, call_in_process), never in the checking process")
+
+    def __repr__(self):
+        return f"<submitted {self.__name__}>"
+
+
+def call_in_process(fn, args, *, exercise, where, guard=None, hint="", answer=None):
+    """fn(*args) in the notebook's own process, for exercises that are formulas rather than
+    ranks; `guard(fn)` (a function of the student's function that returns a context manager,
+    e.g. `ANSWERS.in_process`) is active while it runs. What the student's function
+    raises becomes a CheckFailed that names the case (and gives `hint`). A `Submitted` function
+    (`dlcourse grade`) runs on one rank instead, its answer read back as data; `answer(value,
+    *args)`, if given, turns the answer into data where it is computed (both ways alike)."""
+    __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
+    expect_callable(fn, exercise)
+    if isinstance(fn, Submitted):
+        return _call_submitted(fn, args, exercise, where, guard, hint, answer)
+    return _call(fn, args, exercise, where, guard, hint, answer)
+
+
+def _call_submitted(fn, args, exercise, where, guard, hint, answer):
+    __tracebackhide__ = True
+    try:
+        [value] = launch_as_data(_call_in_rank, fn.payload, args, exercise, where, guard, hint,
+                                 answer, world_size=1, backend="gloo", timeout=CHECK_TIMEOUT_S)
+        return value
+    except RankTimeout:
+        raise CheckFailed(f"{where}: did not return within {CHECK_TIMEOUT_S:g} s") from None
+    except RankError as error:
+        outcome = error.outcome
+        if outcome is not None and outcome.raised(CheckFailed):
+            raise CheckFailed(outcome.message) from None
+        raise CheckFailed(_explain(exercise, where, hint, error)) from None
+
+
+def _call_in_rank(payload, args, exercise, where, guard, hint, answer):
+    """The rank's side of `_call_submitted`: the function loaded and called as `_call` would."""
+    fn = pickling.loads(payload)
+    return _call(fn, args, exercise, where, guard, hint, answer)
+
+
+def _call(fn, args, exercise, where, guard, hint, answer=None):
+    __tracebackhide__ = True
+    try:
+        with guard(fn) if guard else contextlib.nullcontext() as refused:
+            _refuse_copies(refused, fn)
+            value = fn(*args)
+        return returned.as_data(answer(value, *args) if answer else value)  # as `_in_rank`'s
+    except ForbiddenCall as error:
+        raise CheckFailed(f"{where}: {error}") from None
+    except NotImplementedError as error:
+        if error.args and not str(error).startswith("Hint:"):  # torch's own: the student's bug
+            raise CheckFailed(f"{where}: raised NotImplementedError: {error}") from error
+        raise CheckFailed(f"{exercise} is not written yet: replace its `raise "
+                          f"NotImplementedError` line with your code. {error}".rstrip()) from None
+    except Exception as error:  # the student's bug: show it, and their traceback under it
+        raise CheckFailed(f"{where}: raised {type(error).__name__}: {error}"
+                          + (f"\nHint: {hint}" if hint else "")) from error
+
+
+def _refuse_copies(refused, fn):
+    message = refused.copies_in(fn) if isinstance(refused, Refused) else None
+    if message:
+        raise ForbiddenCall(message)

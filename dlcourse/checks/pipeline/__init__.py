@@ -1,0 +1,26 @@
+"""Checks for lesson 06's exercises (`exercises/06_pipeline.ipynb`): a pipeline by hand.
+
+    check_stage_boundaries(stage_boundaries)          balanced stages, the last never the larger
+    check_exchange(exchange)                          send to a neighbour and receive from it
+    check_last_stage_backward(last_stage_backward)    the loss scaled over the micro-batches
+    check_schedule_1f1b(schedule_1f1b)                a rank's 1F1B actions, run on real stages
+    check_bubble_fraction(bubble_fraction)            the idle share of a GPipe or 1F1B step
+    check_schedule_interleaved(schedule_interleaved)  a rank's interleaved 1F1B actions, simulated
+
+Every check draws its cases afresh on each run (2 to 5 stages on ranks, up to 8 in a formula;
+micro-batches, widths, shapes, dtypes; never p = 4 alone) and prints the seed with a failure;
+`seed=` draws the same cases again. The 1F1B list and the loss scaling run a schedule on real stages
+(`schedules.py`); the exchange runs on real ranks; the boundaries and the bubble are formulas,
+called here, the bubble compared with a timeline simulated by the check. While the
+student's code runs, the course's pipeline package and torch's schedules are refused
+(`stages.PIPELINE`), and collectives too where the exercise is point-to-point.
+"""
+
+from dlcourse.checks.pipeline.basics import (check_bubble_fraction, check_exchange,
+                                             check_stage_boundaries)
+from dlcourse.checks.pipeline.interleaved import check_schedule_interleaved
+from dlcourse.checks.pipeline.loss import check_last_stage_backward
+from dlcourse.checks.pipeline.schedules import check_schedule_1f1b
+
+__all__ = ["check_stage_boundaries", "check_bubble_fraction", "check_exchange",
+           "check_schedule_1f1b", "check_last_stage_backward", "check_schedule_interleaved"]

@@ -1,0 +1,206 @@
+"""Lesson 05's check of the sharded step (`__init__.py` lists them all):
+
+    check_zero_step(zero_step)   reduce-scatter, Adam on the shard, all-gather
+
+The student's step runs on 2, 3 and 4 ranks after each rank's backward, with models the notebook
+never shows (`cases.py`), and every rank's parameters, master shard and master.grad are
+compared after every step with one process training on the whole batch with torch's AdamW. The
+gradient memory a rank still holds after the step is measured from the storages (stage 2 keeps
+only its shard), and what it communicated is watched at torch's dispatcher, so an all-reduce
+through the process group's own methods is seen too.
+"""
+
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
+                                  fresh_cases, run_on_ranks)
+from dlcourse.checks.data_parallel.replicas import expect_weights, shards, snapshot, whole_batch
+from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_model,
+                                        draw_world_sizes, flat_of, gradient, loss_fn,
+                                        padded_shard, uneven)
+from dlcourse.checks.zero.refused import ZERO
+from dlcourse.collectives.counter import CommCounter
+from dlcourse.memory import storage_bytes
+
+# eps = 1e-3, not 1e-8: with a tiny eps Adam's step hardly depends on the gradient's size
+# (m / sqrt(v)), so a gradient summed instead of averaged would move weights by ~1e-11 only.
+ADAMW = {"lr": 1e-2, "eps": 1e-3, "weight_decay": 0.01}
+
+
+# ---------------------------------------------------------------- exercise 2: the step
+
+STEP_HINT = ("flatten the gradients (zeros for a None), pad to N x s; reduce-scatter it "
+             "(dist.reduce_scatter_single) and divide by N; put it in master.grad and drop the "
+             "full gradients (p.grad = None); optimizer.step(); all-gather the masters "
+             "(dist.all_gather_single) into an N x s buffer and copy its first Ψ elements back "
+             "into the parameters, in order")
+
+
+@fresh_cases
+def check_zero_step(zero_step, timeout=CHECK_TIMEOUT_S, *, rng):
+    """zero_step(params, master, optimizer, group), called on every rank after its backward,
+    must leave every rank where one process is after AdamW on the whole batch, holding only its
+    shard of the gradient, with the masters stepped and gathered."""
+    __tracebackhide__ = True
+    expect_callable(zero_step, "zero_step")
+    for i, world_size in enumerate(draw_world_sizes(rng)):
+        spec = draw_model(rng)
+        while i == 0 and not uneven(_psi(spec), world_size):  # N does not divide Ψ
+            spec = draw_model(rng)
+        _check_step_case(zero_step, spec, world_size, rng.randint(1, 3), rng.randrange(10**6),
+                         timeout)
+    print("zero_step: passed on 3 cases (2, 3 and 4 ranks; MLPs and GPTs of random sizes; Ψ "
+          "not a multiple of N), 2 AdamW steps equal to one process on the whole batch, only "
+          "the gradient shard kept")
+
+
+def _psi(spec):
+    return sum(p.numel() for p in build(spec).parameters())
+
+
+def _check_step_case(zero_step, spec, world_size, per_rank, data_seed, timeout):
+    __tracebackhide__ = True
+    W, psi = world_size, _psi(spec)
+    s = -(-psi // W)
+    batches = [data(spec, W * per_rank, data_seed + k) for k in range(2)]
+    steps = [shards(b, [per_rank] * W) for b in batches]  # steps[k][r]: rank r's (x, y)
+    where = (f"zero_step on {W} ranks, {describe_model(spec)} (Ψ = {psi}, shards of s = {s}, "
+             f"{W * s - psi} padding), {per_rank} samples per rank")
+    outcomes = run_on_ranks(zero_step, [([st[r] for st in steps],) for r in range(W)],
+                            exercise="zero_step", where=where, hint=STEP_HINT, timeout=timeout,
+                            harness=partial(_step_in_rank, spec), guard=ZERO.in_rank,
+                            forbid=("all_reduce", "all_reduce_coalesced"),
+                            why_forbidden="stage 1 needs only this rank's shard of the average: "
+                                          "reduce-scatter it")
+    model = build(spec)
+    expected = whole_batch(model, torch.optim.AdamW(model.parameters(), **ADAMW), batches,
+                           loss_fn(spec))
+    for k in range(1, 3):
+        records = [records[k - 1] for records, _ in outcomes]
+        for rank, record in enumerate(records):  # what each rank's shard got and did first
+            _expect_shard(spec, record, expected, steps, k, rank, W, where)
+        for rank, record in enumerate(records):  # then what the gather made of them
+            _expect_gathered(record, expected, k, rank, where)
+
+
+def _step_in_rank(spec, zero_step, steps):
+    """Runs in every rank: the model, this rank's master shard and its AdamW, then for each
+    step a backward on this rank's samples and the student's step, recorded."""
+    model = build(spec)
+    params = list(model.parameters())
+    W, rank = dist.get_world_size(), dist.get_rank()
+    master = padded_shard(flat_of([p.detach() for p in params]), W, rank).clone()
+    master.requires_grad_(True)
+    optimizer = torch.optim.AdamW([master], **ADAMW)
+    records = []
+    for x, y in steps:
+        model.zero_grad(set_to_none=True)
+        loss_fn(spec)(model(x), y).backward()
+        with CommCounter() as comm:
+            zero_step(params, master, optimizer, dist.group.WORLD)
+        grad = master.grad
+        records.append({"weights": snapshot(model), "master": master.detach().clone(),
+                        "master_grad": None if grad is None else grad.detach().clone(),
+                        "held": storage_bytes(p.grad for p in params if p.grad is not None),
+                        "ops": [r.op for r in comm.records], "moved": _moved(comm.records),
+                        "buffer": W * master.numel() * master.element_size()})
+    return records
+
+
+def _moved(records):
+    """{collective: bytes} of a step (`CommRecord.nbytes`: reduce-scatter's whole input,
+    all-gather's whole output)."""
+    moved = {}
+    for record in records:
+        moved[record.op] = moved.get(record.op, 0) + record.nbytes
+    return moved
+
+
+# What a correct step makes: one reduce-scatter of the N x s gradient buffer, one all-gather of
+# the N x s masters (`CommRecord.nbytes`: the whole buffer each); a barrier moves nothing.
+STEP_COLLECTIVES = ("reduce_scatter", "all_gather", "barrier")
+
+
+def _expect_collectives(record, k, rank, where):
+    """The step's collectives by kind and bytes: an all-reduce rebuilt from others (an
+    all-gather of the gradients, summed) fails like the all-reduce itself."""
+    __tracebackhide__ = True
+    moved, buffer = record["moved"], record["buffer"]
+    other = sorted(op for op in moved if op not in STEP_COLLECTIVES)
+    if moved.get("reduce_scatter", 0) < buffer:
+        made = ", ".join(f"{op} {moved[op]} bytes" for op in sorted(moved)) or "no collective"
+        fail(where, rank, f"reduce-scattered {moved.get('reduce_scatter', 0)} bytes in step {k}, "
+                          f"not the {buffer}-byte gradient buffer (N x s elements); it made: "
+                          f"{made}", "the gradient is averaged by a reduce-scatter of the whole "
+                                     "padded buffer, each rank receiving its shard only")
+    if moved.get("all_gather", 0) > buffer or other:
+        fail(where, rank, f"moved more than the step needs in step {k}: "
+                          f"{', '.join(f'{op} {moved[op]} bytes' for op in sorted(moved))}, "
+                          f"where a reduce-scatter and an all-gather of {buffer} bytes each do it",
+             "all-gather the stepped masters only, never the gradients")
+
+
+def _expect_shard(spec, record, expected, steps, k, rank, W, where):
+    """This rank's communication, master.grad (if kept) and master after step k."""
+    __tracebackhide__ = True
+    if "all_reduce" in record["ops"]:
+        fail(where, rank, f"all-reduced in step {k}: stage 1 reduce-scatters, so each rank "
+                          "gets only the average of its own shard (Ψ / N, not Ψ)", STEP_HINT)
+    _expect_collectives(record, k, rank, where)
+    want_grad = padded_shard(flat_of(_whole_gradient(spec, expected, steps, k)), W, rank)
+    names = list(expected[0])
+    if record["master_grad"] is not None:
+        got = record["master_grad"]
+        expect_tensor(got, want_grad, where=f"{where}, master.grad after step {k}", rank=rank,
+                      atol=GRAD_ATOL, tolerance=f"{GRAD_ATOL:g} (float64 rounding)",
+                      hint=_grad_hint(spec, got, want_grad, expected, steps, k, rank, W))
+    want_master = padded_shard(flat_of([expected[k][n] for n in names]), W, rank)
+    expect_tensor(record["master"], want_master, where=f"{where}, master after step {k}",
+                  rank=rank, atol=GRAD_ATOL, tolerance=f"{GRAD_ATOL:g} (float64 rounding)",
+                  hint="step the master shard with the optimizer you were given, after putting "
+                       "this rank's averaged gradient shard in master.grad")
+
+
+def _expect_gathered(record, expected, k, rank, where):
+    """The parameters after step k, and the gradients the rank still holds."""
+    __tracebackhide__ = True
+    expect_weights(record["weights"], expected[k], where=where, rank=rank, step=k,
+                   explain=lambda: "every rank's master shard is right but the parameters are "
+                                   "not: all-gather the N masters in rank order and copy the "
+                                   "first Ψ elements back into the parameters; the padding "
+                                   "after them belongs to no parameter")
+    if record["held"]:
+        fail(where, rank, f"still holds {record['held']:,} bytes of full gradients (p.grad) "
+                          f"after step {k}: ZeRO stage 2 keeps only this rank's shard",
+             "once the gradients are reduce-scattered, drop them: p.grad = None for every "
+             "parameter")
+
+
+def _whole_gradient(spec, expected, steps, k):
+    """[gradient of each parameter, in order] of step k's whole batch at the reference's weights."""
+    whole = gradient(spec, expected[k - 1], *(torch.cat(t) for t in zip(*steps[k - 1])))
+    return [whole[n] for n in expected[0]]
+
+
+def _grad_hint(spec, got, want, expected, steps, k, rank, W):
+    """Which mistake gives master.grad = got."""
+    if torch.allclose(got, W * want, atol=GRAD_ATOL):
+        return (f"master.grad is {W} times the average: reduce-scatter sums the ranks' "
+                "gradients; divide by the world size")
+    if W > 1 and torch.allclose(got, want / W, atol=GRAD_ATOL):
+        return "master.grad is 1/N of the average: divide by the world size once"
+    whole = flat_of(_whole_gradient(spec, expected, steps, k))
+    piece = whole.tensor_split(W)[rank]  # each shard of the unpadded buffer padded on its own
+    if torch.allclose(got, F.pad(piece, (0, got.numel() - piece.numel())), atol=GRAD_ATOL):
+        return ("each shard was padded on its own, so padding sits between the shards and "
+                "the later ranks' shards start at the wrong parameter: pad the whole flat "
+                "buffer once, at its end, and cut it at multiples of s")
+    own = gradient(spec, expected[k - 1], *steps[k - 1][rank])
+    if torch.allclose(got, padded_shard(flat_of(list(own.values())), W, rank), atol=GRAD_ATOL):
+        return ("master.grad is this rank's own gradient: it must be the average over the "
+                "ranks, reduce-scattered")
+    return STEP_HINT

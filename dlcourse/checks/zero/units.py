@@ -1,0 +1,171 @@
+"""Lesson 05's check of a stage-3 unit (`__init__.py` lists them all):
+
+    check_gather_and_free(gather_and_free)   one unit gathered and freed around its passes
+
+The harness shards one unit of a model the notebook never shows (`cases.py`: a GPT's last
+block or an MLP's last layer) the way FSDP does: its parameters become views of one flat buffer
+whose memory is freed, beside this rank's shard. The student's hooks run forward and backward on
+2, 3 and 4 ranks; every gradient is compared with the same model unsharded, the bytes the unit's
+parameters hold after each pass are measured (stage 3 frees them), and the collectives of each
+pass are counted by kind and bytes (lesson 02's CommCounter): each pass must bring in the other
+ranks' shards again, which a full copy kept between passes and a token collective do not.
+"""
+
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
+                                  fresh_cases, run_on_ranks)
+from dlcourse.checks.data_parallel.replicas import shards, snapshot
+from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_model,
+                                        draw_world_sizes, flat_of, gradient, loss_fn,
+                                        padded_shard, uneven)
+from dlcourse.checks.zero.refused import ZERO
+from dlcourse.collectives.counter import CommCounter
+from dlcourse.memory import storage_bytes
+
+
+# ---------------------------------------------------------------- exercise 3: a stage-3 unit
+
+UNIT_HINT = ("before forward and again before backward: full.untyped_storage().resize_(bytes "
+             "of full), then dist.all_gather_single(full, shard, group=group); after forward and "
+             "after backward: full.untyped_storage().resize_(0). Module hooks do it: "
+             "register_forward_pre_hook, register_forward_hook, "
+             "register_full_backward_pre_hook, register_full_backward_hook, each returning "
+             "None. (A backward that fails with 'out of bounds for storage of size 0' ran on "
+             "freed parameters.)")
+
+
+@fresh_cases
+def check_gather_and_free(gather_and_free, timeout=CHECK_TIMEOUT_S, *, rng):
+    """gather_and_free(unit, full, shard, group) must make the unit gather its parameters
+    (views of `full`, freed) from the ranks' shards before its forward and its backward, and
+    free them after each: the gradients equal the unsharded model's, nothing held after."""
+    __tracebackhide__ = True
+    expect_callable(gather_and_free, "gather_and_free")
+    for i, world_size in enumerate(draw_world_sizes(rng)):
+        spec = draw_model(rng)
+        while i == 0 and not uneven(_unit_psi(spec), world_size):  # N does not divide Ψ
+            spec = draw_model(rng)
+        _check_unit_case(gather_and_free, spec, world_size, rng.randrange(10**6), timeout)
+    print("gather_and_free: passed on 3 cases (2, 3 and 4 ranks; a GPT block or an MLP layer; "
+          "Ψ not a multiple of N), gradients equal to the unsharded model's, parameters "
+          "gathered for each pass and freed after it")
+
+
+def unit_of(model, spec):
+    """The unit stage 3 shards: the GPT's last block, or the MLP's output layer."""
+    return model.blocks[-1] if spec[0] == "GPT" else model[-1]
+
+
+def _unit_psi(spec):
+    return sum(p.numel() for p in unit_of(build(spec), spec).parameters())
+
+
+def _check_unit_case(gather_and_free, spec, world_size, data_seed, timeout):
+    __tracebackhide__ = True
+    W, psi = world_size, _unit_psi(spec)
+    s = -(-psi // W)
+    micro = [shards(data(spec, W * 2, data_seed + k), [2] * W) for k in range(2)]
+    unit = "its last block" if spec[0] == "GPT" else "its output layer"
+    where = (f"gather_and_free on {W} ranks, {describe_model(spec)}, {unit} sharded (Ψ = {psi}, "
+             f"s = {s})")
+    outcomes = run_on_ranks(gather_and_free, [([m[r] for m in micro],) for r in range(W)],
+                            exercise="gather_and_free", where=where, hint=UNIT_HINT,
+                            timeout=timeout, harness=partial(_unit_in_rank, spec),
+                            guard=ZERO.in_rank)
+    full_bytes = W * s * _itemsize(spec)  # `full`: N shards of s elements
+    for rank, (records, _) in enumerate(outcomes):
+        for k, record in enumerate(records, 1):
+            _expect_unit_pass(spec, record, micro[k - 1][rank], k, rank, where, full_bytes, W)
+
+
+def _unit_in_rank(spec, student, micro_batches):
+    """Runs in every rank: the unit's parameters made views of `full` (freed) with this rank's
+    shard beside it, the student's hooks installed, then forward and backward, watched."""
+    model = build(spec)
+    unit = unit_of(model, spec)
+    W, rank = dist.get_world_size(), dist.get_rank()
+    full, shard = _shard_unit(unit, W, rank)
+    records, loss_of = [], loss_fn(spec)  # the check's own helpers: called before the guard
+    with student.guarded():  # the hooks run the student's code: guarded as it runs
+        student.fn(unit, full, shard, dist.group.WORLD)
+        for x, y in micro_batches:
+            model.zero_grad(set_to_none=True)
+            with CommCounter() as forward:
+                loss = loss_of(model(x), y)
+            after_forward = storage_bytes(unit.parameters())
+            with CommCounter() as backward:
+                loss.backward()
+            records.append({"grads": {n: p.grad for n, p in model.named_parameters()},
+                            "after_forward": after_forward,
+                            "after_backward": storage_bytes(unit.parameters()),
+                            "forward_ops": [(r.op, r.nbytes) for r in forward.records],
+                            "backward_ops": [(r.op, r.nbytes) for r in backward.records]})
+    return records
+
+
+def _shard_unit(unit, W, rank):
+    """Make every parameter of `unit` a view of one flat buffer `full` (N x s elements, padded),
+    free it, and return (full, this rank's shard of it)."""
+    params = list(unit.named_parameters())
+    flat = flat_of([p.detach() for _, p in params])
+    shard = padded_shard(flat, W, rank).clone()
+    full = torch.zeros(W * shard.numel(), dtype=flat.dtype)
+    offset = 0
+    for name, p in params:
+        owner, _, attr = name.rpartition(".")
+        module = unit.get_submodule(owner) if owner else unit
+        setattr(module, attr, nn.Parameter(full[offset:offset + p.numel()].view_as(p)))
+        offset += p.numel()
+    full.untyped_storage().resize_(0)  # stage 3: between passes a rank holds only its shard
+    return full, shard
+
+
+def _itemsize(spec):
+    """Bytes per element of the unit's parameters."""
+    return next(build(spec).parameters()).element_size()
+
+
+def _expect_gathered(ops, full_bytes, W, which, rank, where, hint):
+    """Fail unless the collectives of one pass (CommCounter's (op, nbytes)) carried the whole
+    unit: the others' N - 1 shards at least. A full copy kept between passes and a token
+    collective to look busy moves a few bytes; an all-gather of `full` moves N x s elements."""
+    __tracebackhide__ = True
+    moved, need = sum(nbytes for _, nbytes in ops), full_bytes * (W - 1) // W
+    if moved >= need:
+        return
+    made = ", ".join(f"{op} of {nbytes:,} bytes" for op, nbytes in ops) or "no collective"
+    fail(where, rank, f"made {made} in {which}: a correct answer gathers the unit's parameters "
+                      f"from the ranks' shards before each pass, one all_gather_into_tensor "
+                      f"of `full` ({full_bytes:,} bytes, the other ranks' {need:,} of them), "
+                      "and keeps no full copy between passes", hint)
+
+
+def _expect_unit_pass(spec, record, micro_batch, k, rank, where, full_bytes, W):
+    __tracebackhide__ = True
+    _expect_gathered(record["forward_ops"], full_bytes, W, f"forward {k}", rank, where,
+                     "gather before the unit's forward: " + UNIT_HINT)
+    if record["after_forward"]:
+        fail(where, rank, f"still holds {record['after_forward']:,} bytes of the unit's gathered "
+                          f"parameters after forward {k}: stage 3 frees them as soon as the "
+                          "unit's forward is done", "free them in a forward hook "
+                                                   "(full.untyped_storage().resize_(0))")
+    _expect_gathered(record["backward_ops"], full_bytes, W, f"backward {k}", rank, where,
+                     "gather again before the unit's backward (register_full_backward_pre_hook):"
+                     " resizing the storage back gives memory, not the values")
+    if record["after_backward"]:
+        fail(where, rank, f"still holds {record['after_backward']:,} bytes of the unit's "
+                          f"gathered parameters after backward {k}",
+             "free them again once the unit's backward is done (register_full_backward_hook)")
+    model = build(spec)
+    want = gradient(spec, snapshot(model), *micro_batch)
+    for name, grad in want.items():
+        expect_tensor(record["grads"][name], grad, where=f"{where}, gradient of {name} in "
+                      f"backward {k}", rank=rank, atol=GRAD_ATOL,
+                      tolerance=f"{GRAD_ATOL:g} (float64 rounding)",
+                      hint="gather every rank's shard in rank order into `full` before forward "
+                           "and before backward: " + UNIT_HINT)
