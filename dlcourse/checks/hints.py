@@ -451,6 +451,15 @@ HINTS.update({
         "first i with more than one value: the rank whose value no other rank has, i, and its "
         "op and nbytes (None, None where it made no call)",
     ),
+    "sync_sequence_parallel_grads": (
+        "which parameters does every rank hold whole, but see only its own tokens through?",
+        "the LayerNorms, the position embedding and the row-parallel biases (lesson 04's layers "
+        "mark them p.sequence_partial = True); each rank's gradient of one is a partial sum over "
+        "its T/tp tokens; the sharded weights' gradients are whole already",
+        "after backward, dist.all_reduce each marked gradient with op SUM over `group` (or "
+        "concatenate them, all-reduce once, copy the pieces back): a sum, never an average, and "
+        "nothing hard-coded about the number of ranks",
+    ),
 })
 
 def hint(exercise, level=None):
