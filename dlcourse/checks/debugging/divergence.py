@@ -21,10 +21,12 @@ has returned; while it runs the lesson's tool is refused (`refusal.py`).
 
 import numbers
 
-from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
+from dlcourse.checks.core import (CheckFailed, call_in_process, expect_callable, fail,
+                                  fresh_cases, kind)
 from dlcourse.checks.debugging.reference import first_gap
 from dlcourse.checks.debugging.refusal import debugging_guard_for
 from dlcourse.checks.debugging.runs import CORRECT, all_traces
+from dlcourse.checks.stubs import not_written, stub_message
 from dlcourse.debug.compare import TOLERANCE
 from dlcourse.debug.divergence import PHASES
 
@@ -40,6 +42,8 @@ def check_first_divergence(first_divergence, *, rng):
     trace a list of (step, phase, {name: tensor}) as `dlcourse.debug` records it."""
     __tracebackhide__ = True
     expect_callable(first_divergence, "first_divergence")
+    if stub_message(first_divergence) is not None:  # a stub can only raise: say so, no run
+        raise CheckFailed(not_written("first_divergence", stub_message(first_divergence)))
     runs = all_traces()
     cases = _draw(runs, rng)
     for name, bug, rank in cases:

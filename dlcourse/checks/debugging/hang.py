@@ -14,10 +14,12 @@ returned (`reference.odd_call`); while it runs the lesson's tool is refused (`re
 import copy
 import numbers
 
-from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
+from dlcourse.checks.core import (CheckFailed, call_in_process, expect_callable, fail,
+                                  fresh_cases, kind)
 from dlcourse.checks.debugging.reference import odd_call
 from dlcourse.checks.debugging.refusal import debugging_guard_for
 from dlcourse.checks.debugging.runs import clean_calls
+from dlcourse.checks.stubs import not_written, stub_message
 
 KINDS = ("skips a call", "sends another size", "makes another collective", "makes one call more",
          "stops one call early")
@@ -33,6 +35,8 @@ def check_mismatched_call(mismatched_call, *, rng):
     (None, None where it made no call)."""
     __tracebackhide__ = True
     expect_callable(mismatched_call, "mismatched_call")
+    if stub_message(mismatched_call) is not None:  # a stub can only raise: say so, no run
+        raise CheckFailed(not_written("mismatched_call", stub_message(mismatched_call)))
     calls = clean_calls()
     world_size = len(calls)
     kinds = list(KINDS)

@@ -1,8 +1,9 @@
 """The runs lesson 10's divergence exercise hands the student (`exercises/10_debugging.ipynb`):
 real traces of the course's strategies on 2 gloo ranks, each with one bug of the catalogue
 switched on or none, recorded by the lesson's own finder (`dlcourse/debug/divergence.py`,
-`record`) beside the one-process reference; and the per-rank collective traces of lesson 10's data-parallel job
-(`bugs.data_parallel_steps`, traced by `launch_traced`) that the hang exercise breaks.
+`record`) beside the one-process reference; and the per-rank collective traces of lesson 10's
+data-parallel job (`bugs.data_parallel_steps`, traced by `launch_traced`) that the hang exercise
+breaks.
 
 A rank's trace is given as the lesson compares it: the reference's activations cut to the piece
 this rank holds (`compare._view`), the gradients in the order the reference's backward finished
