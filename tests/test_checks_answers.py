@@ -1,4 +1,4 @@
-"""The one answer-blocking engine (`dlcourse/checks/answers.py`) on a stand-in lesson package
+"""The one answer-blocking engine (`dlcourse/checks/core/answers.py`) on a stand-in lesson package
 and a stand-in check module: what a declaration finds, that each answer refuses however it is
 reached while the block is active, and that everything is put back afterwards. (The lessons'
 tests show their real answers refused in the ranks and in process the same ways.)"""

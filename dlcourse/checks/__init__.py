@@ -30,6 +30,8 @@ core's `verdict`; the library never imports them either.
                       refusals.py (CONTEXT)
     experts/          lesson 09: routing.py, dispatch.py, counting.py, reference.py,
                       refusal.py (EXPERTS)
+    debugging/        lesson 10: divergence.py, hang.py, fix.py, runs.py (the recorded runs),
+                      reference.py, refusal.py (DEBUGGING)
     hints.py          every exercise's hint levels; summary.py: check_all
 
 Import from the set: `from dlcourse.checks.launch import check_gather_all`.

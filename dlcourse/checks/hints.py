@@ -474,6 +474,37 @@ HINTS["sync_layernorm_grads"] = (
     "the parameters themselves stay as they are",
 )
 
+HINTS.update({
+    # ------------------------------------------------------------ lesson 10: debugging
+    "first_divergence": (
+        "the traces are already in the order the finder reads them: walk them, and stop at the "
+        "first tensor that is really different",
+        "zip the two traces entry by entry (step, phase, {name: tensor}); within an entry take "
+        "the names in the reference dict's order: forward order, backward order, the model's",
+        "for each name: diff = largest |parallel - reference|; it differs when diff > tolerance "
+        "x max(1, largest |reference|) (float64 rounding stays far below); return (step, phase, "
+        "name) at once, and None after the last entry",
+    ),
+    "mismatched_call": (
+        "line the ranks up call by call: a hang starts at the first index where they do not "
+        "all make the same call",
+        "at index i, each rank's call is (op, nbytes), or nothing when its list is shorter; "
+        "rank 0 can be the wrong one, so do not take it as the model",
+        "count the (op, nbytes) values over the ranks at index i (collections.Counter); the "
+        "first i with more than one value: the rank whose value no other rank has, i, and its "
+        "op and nbytes (None, None where it made no call)",
+    ),
+    "sync_sequence_parallel_grads": (
+        "which parameters does every rank hold whole, but see only its own tokens through?",
+        "the LayerNorms, the position embedding and the row-parallel biases (lesson 04's layers "
+        "mark them p.sequence_partial = True); each rank's gradient of one is a partial sum over "
+        "its T/tp tokens; the sharded weights' gradients are whole already",
+        "after backward, dist.all_reduce each marked gradient with op SUM over `group` (or "
+        "concatenate them, all-reduce once, copy the pieces back): a sum, never an average, and "
+        "nothing hard-coded about the number of ranks",
+    ),
+})
+
 def hint(exercise, level=None):
     """Print the next hint for `exercise` (each call one level further), or level `level`."""
     levels = HINTS.get(exercise)

@@ -1,0 +1,25 @@
+"""Checks for lesson 10's exercises (`exercises/10_debugging.ipynb`): the two finders of
+`dlcourse/debug/` by hand, on real runs, and the fix of one bug they find.
+
+    check_first_divergence(first_divergence)   the first tensor where a rank's run parts from one
+                                               process, rounding not counted
+    check_mismatched_call(mismatched_call)     from per-rank collective traces of a hang, the rank
+                                               and the call that the others do not make
+    check_sync_sequence_parallel_grads(sync_sequence_parallel_grads)
+                                               the fix of the catalogue's `sp_layernorm_grads`,
+                                               on 2 and 3 ranks, against one process
+
+    runs.py       the traces: real 2-rank runs with a bug of the catalogue, a real 4-rank job
+    divergence.py, hang.py, fix.py   the three checks
+    reference.py  the answers, from the lesson's own finders, after the student's function returns
+    refusal.py    what is refused while a student's code runs
+
+Every check draws its cases afresh on each run and names the seed with a failure; `seed=`
+draws the same cases again.
+"""
+
+from dlcourse.checks.debugging.divergence import check_first_divergence
+from dlcourse.checks.debugging.fix import check_sync_sequence_parallel_grads
+from dlcourse.checks.debugging.hang import check_mismatched_call
+
+__all__ = ["check_first_divergence", "check_mismatched_call", "check_sync_sequence_parallel_grads"]

@@ -1,0 +1,22 @@
+"""What lesson 10's checks refuse while a student's code runs, declared once to the checks' engine
+(`dlcourse/checks/core/answers.py`): every public function and class of the lesson's tool
+`dlcourse.debug` (the divergence finder and `compare_trace`, the hang finder, `CommTrace`, the
+catalogue's runs; classes through constructors and methods), lesson 04's one all-reduce of
+sequence parallelism's partial gradients (`dlcourse.parallel.tensor.grads`, the fix of the third
+exercise), and these checks' own code (the references in `reference.py`, the recorded runs).
+"""
+
+from dlcourse.checks.core.answers import Answers
+
+DEBUGGING = Answers(packages=("dlcourse.debug", "dlcourse.parallel.tensor.grads"),
+                    checks=("dlcourse.checks.debugging",), keep_classes=True)
+
+
+def refusing_debugging(namespaces=()):
+    """While active, every answer raises ForbiddenCall however it is reached."""
+    return DEBUGGING.refusing(namespaces)
+
+
+def debugging_guard_for(fn):
+    """`call_in_process(guard=...)`: the answers refused, the student's globals included."""
+    return DEBUGGING.in_process(fn)
