@@ -124,17 +124,25 @@ def reference_subject(cfg, strategy):
     return Subject([model], optimizer, train_step, full), order
 
 
+def record_pair(name, bug, cfg):
+    """On this rank: the one-process reference and the strategy `name` (the bug's patch on, if
+    `bug`) trained on the same data; (reference trace, its order, the strategy, its trace, its
+    collectives)."""
+    x, y = cfg.data()
+    reference, order = reference_subject(cfg, SUBJECTS[name])
+    ref_trace, _ = record(reference, cfg, x, y)
+    with CATALOGUE[bug].patch() if bug else nullcontext():
+        subject = SUBJECTS[name].build(cfg)
+        trace, comm = record(subject, cfg, x, y)
+    return ref_trace, order, subject, trace, comm
+
+
 def compare_on_rank(jobs):
     """Run on every rank: for each (strategy name, bug name or None, DebugConfig), the reference
     and the strategy (the bug's patch on), compared; returns one comparison per job."""
     results = []
     for name, bug, cfg in jobs:
-        x, y = cfg.data()
-        reference, order = reference_subject(cfg, SUBJECTS[name])
-        ref_trace, _ = record(reference, cfg, x, y)
-        with CATALOGUE[bug].patch() if bug else nullcontext():
-            subject = SUBJECTS[name].build(cfg)
-            trace, comm = record(subject, cfg, x, y)
+        ref_trace, order, subject, trace, comm = record_pair(name, bug, cfg)
         gaps, compared = compare_trace(ref_trace, trace, order, subject, cfg)
         results.append((gaps, compared, comm[0]))
     return results

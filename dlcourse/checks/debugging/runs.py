@@ -14,13 +14,12 @@ position i of the other. Every bug and correct strategy runs once per process, i
 
 import functools
 import tempfile
-from contextlib import nullcontext
 
 import dlcourse
 from dlcourse.debug import SUBJECTS, launch_traced, read_traces
 from dlcourse.debug.bugs import CATALOGUE, data_parallel_steps
 from dlcourse.debug.compare import _order, _view
-from dlcourse.debug.divergence import PHASES, _job, record, reference_subject
+from dlcourse.debug.divergence import PHASES, _job, record_pair
 
 # 2-rank bugs that make a run part from the reference (not the slow one: no divergence)
 BUGS = [name for name, bug in CATALOGUE.items()
@@ -33,12 +32,7 @@ def traces_on_rank(jobs):
     trace), aligned name by name (see the module's docstring)."""
     out = []
     for name, bug, cfg in jobs:
-        x, y = cfg.data()
-        reference, order = reference_subject(cfg, SUBJECTS[name])
-        ref_trace, _ = record(reference, cfg, x, y)
-        with CATALOGUE[bug].patch() if bug else nullcontext():
-            subject = SUBJECTS[name].build(cfg)
-            trace, _ = record(subject, cfg, x, y)
+        ref_trace, order, subject, trace, _ = record_pair(name, bug, cfg)
         out.append(_aligned(ref_trace, trace, order, subject, cfg))
     return out
 
