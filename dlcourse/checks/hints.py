@@ -392,6 +392,21 @@ HINTS = {
 }
 
 HINTS.update({
+    # ------------------------------------------------------------ lesson 08: bytes per layer
+    "cp_bytes_per_layer": (
+        "count the messages this rank sends in one layer, forward and backward, and the values "
+        "in each; receives are other ranks' sends",
+        "ring/zigzag: K and V of s/cp tokens, 2·b·(s/cp)·h values, sent cp - 1 times per pass; "
+        "forward is one pass, backward two (K/V again, dK/dV home). Ulysses: 4 all-to-alls "
+        "each way of b·(s/cp)·h values, of which a rank sends (cp - 1)/cp. allgather: an "
+        "all-gather forward and a reduce-scatter backward of 2·b·s·h values, a rank sending "
+        "(cp - 1)/cp of them",
+        "with B = b·s·h·itemsize: ring/zigzag forward (cp - 1)·2B/cp, backward twice that; "
+        "ulysses 4·(cp - 1)·B/cp² each way; allgather 2·(cp - 1)·B/cp each way",
+    ),
+})
+
+HINTS.update({
     # ------------------------------------------------------------ lesson 09: experts
     "route_with_capacity": (
         "route first, as if there were no capacity; then walk each expert's queue in the order "
