@@ -37,7 +37,7 @@ SENT_SHARE = {"send": lambda cp: Fraction(1), "recv": lambda cp: Fraction(0),
               "all_gather": lambda cp: Fraction(cp - 1, cp),
               "reduce_scatter": lambda cp: Fraction(cp - 1, cp)}
 # A float answer ((cp-1)/cp computed in floats) rounds at ~1e-16 relative per operation; 1e-9
-# leaves room for that. The mistakes below are off by a factor of at least 8/7.
+# leaves room for that. The mistakes below are off by 6% or more (cp = 4 for cp = 5: 16/15).
 REL_TOL = 1e-9
 
 
