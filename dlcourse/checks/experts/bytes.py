@@ -14,7 +14,8 @@ Cases are drawn afresh on each run: ep from 2 to 8 with 2 and a non-power of two
 them, k = 1, 2 and 3, tokens a multiple of ep (so uniform routing exists), hidden sizes and item
 sizes (1, 2, 4, 8 bytes) drawn. Any plain number passes (int, numpy, Fraction, float), compared
 with a relative tolerance of 1e-9: a float answer computed in another order is off by a few
-float64 roundings (about 1e-16 each), while every wrong answer below is off by 8/7 or more.
+float64 roundings (about 1e-16 each), while each wrong answer in `MISTAKES` is 1/16 off or more
+(the closest: an answer right for ep = 4 only, at ep = 5, 15/16 of the bytes).
 """
 
 import math
@@ -28,7 +29,7 @@ from dlcourse.parallel.expert.measure import all_to_all_formula
 BYTES_HINT = ("per pass, count each all-to-all that moves activation rows: how many rows this "
               "rank sends, how many of them leave it, and how many bytes a row is")
 PASSES = ("forward", "backward")
-REL_TOL = 1e-9  # float64 rounding of a few products (~1e-16 each); wrong answers are >= 8/7 off
+REL_TOL = 1e-9  # float64 rounding of a few products (~1e-16 each); MISTAKES are >= 1/16 off
 
 
 @fresh_cases
