@@ -445,6 +445,18 @@ HINTS.update({
     ),
 })
 
+HINTS.update({
+    # ------------------------------------------------- lesson 09: all-to-all bytes per layer
+    "a2a_bytes_per_layer": (
+        "follow one token's rows through the layer: where they go in the forward, and where "
+        "they come back; then the backward",
+        "each token is sent as top_k rows of hidden values, itemsize bytes each; under uniform "
+        "routing 1/ep of them go to the rank's own experts and never leave it",
+        "one all-to-all moves top_k · tokens · hidden · itemsize · (ep - 1)/ep bytes off the "
+        "rank; the forward has two (dispatch, combine), the backward their two gradients",
+    ),
+})
+
 
 # ---------------------------------------------------------------- lesson 06: interleaved 1F1B
 HINTS["schedule_interleaved"] = (
