@@ -72,3 +72,11 @@ def test_best_layout_fails_wrong_answers(answer, hint):
     first, got_hint = first_line_and_hint(check_best_layout, answer)
     assert first.startswith("best_layout(") and "expected" in first, first
     assert hint in got_hint, got_hint
+
+
+@pytest.mark.parametrize("answer", [best_fastest, best_ignores_the_bubble])
+def test_a_case_that_cannot_tell_two_mistakes_apart_names_both(answer):
+    # Seed 1564488903 draws a case whose fastest step is also its least compute (CI found it):
+    # either mistake picks that layout, so the hint must name both, not guess one.
+    _, hint = first_line_and_hint(check_best_layout, answer, seed=1564488903)
+    assert "fastest step, not the cheapest" in hint and "its pipeline idles" in hint, hint

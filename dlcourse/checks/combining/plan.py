@@ -172,6 +172,10 @@ def _cost_hint(got, want, args):
 BEST_HINT = ("drop every layout whose bytes_per_gpu exceed the budget; of the rest, return the "
              "name of the one with the lowest cost per million tokens, its bubble included "
              "(None if none is left)")
+LEAST_HINT = ("that layout has the least compute, but its pipeline idles: the step is the compute "
+              "/ (1 - bubble), and the idle GPUs are paid for too")
+FASTEST_HINT = ("that is the fastest step, not the cheapest: the cost counts every GPU, so a "
+                "layout on more GPUs can be faster and still cost more per token")
 
 
 def _cost_of(c, price, tokens):
@@ -289,11 +293,8 @@ def _best_hint(got, cand, budget, price, tokens):
     if got in by_name and by_name[got]["bytes_per_gpu"] > budget:
         return (f"{got!r} needs {by_name[got]['bytes_per_gpu'] / 1e9:.2f} GB a GPU, more than "
                 f"the budget of {budget / 1e9:g} GB: a layout that does not fit cannot run")
-    if fitting and got == min(fitting, key=lambda c: c["n_gpus"] * c["compute_time_s"])["name"]:
-        return ("that layout has the least compute, but its pipeline idles: the step is the "
-                "compute / (1 - bubble), and the idle GPUs are paid for too")
-    if fitting and got == min(fitting, key=lambda c: reference_step(
-            c["compute_time_s"], c["n_stages"], c["n_micro"]))["name"]:
-        return ("that is the fastest step, not the cheapest: the cost counts every GPU, so a "
-                "layout on more GPUs can be faster and still cost more per token")
-    return BEST_HINT
+    least = min(fitting, key=lambda c: c["n_gpus"] * c["compute_time_s"])["name"]
+    fastest = min(fitting, key=lambda c: reference_step(
+        c["compute_time_s"], c["n_stages"], c["n_micro"]))["name"]
+    said = [hint for name, hint in ((fastest, FASTEST_HINT), (least, LEAST_HINT)) if got == name]
+    return "; and ".join(said) or BEST_HINT  # one case may not tell the two apart: both named
