@@ -96,6 +96,6 @@ def _stub_hints(solution):
 def test_each_stub_hint_is_the_first_level_of_its_exercises_hints(solution):
     from dlcourse.checks.hints import HINTS
     for name, texts in _stub_hints(solution).items():
-        assert name in HINTS, f"{solution.name}: {name} has no levels in dlcourse/checks/hints.py"
+        assert name in HINTS, f"{solution.name}: {name} has no levels in dlcourse/checks/hints/"
         assert set(texts) == {HINTS[name][0]}, f"{solution.name}: {name}'s stub hint is not level 1"
         assert len(HINTS[name]) >= 2, f"{name}: give at least one level beyond the stub"

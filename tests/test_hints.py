@@ -1,4 +1,4 @@
-"""Hints in levels (`dlcourse/checks/hints.py`): each call one level further, never past the last."""
+"""Hints in levels (`dlcourse/checks/hints/`): each call one level further, never past the last."""
 
 import pytest
 

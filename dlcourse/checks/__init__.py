@@ -32,7 +32,7 @@ core's `verdict`; the library never imports them either.
                       refusal.py (EXPERTS)
     debugging/        lesson 10: divergence.py, hang.py, fix.py, runs.py (the recorded runs),
                       reference.py, refusal.py (DEBUGGING)
-    hints.py          every exercise's hint levels; summary.py: check_all
+    hints/            every exercise's hint levels, a table a lesson group; summary.py: check_all
 
 Import from the set: `from dlcourse.checks.launch import check_gather_all`.
 """

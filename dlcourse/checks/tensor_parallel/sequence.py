@@ -1,4 +1,4 @@
-"""Lesson 04's sequence-parallel checks (`tensor_parallel.py` re-exports them):
+"""Lesson 04's sequence-parallel checks (the package's `__init__` exports them):
 
     check_sequence_parallel(GatherSequence, ReduceScatterSequence)   the conjugate pair
     check_layernorm_grads(sync_layernorm_grads)                      the LayerNorm's gradients
@@ -14,9 +14,8 @@ against one process running LayerNorm, Linear, gelu, Linear on the whole (B, T, 
 sent its tokens, its rows or columns of the weights and its tokens' upstream gradient only. The
 collectives are counted by kind and bytes (`CommCounter`): the pair makes, in forward and again
 in backward, one all-gather and one reduce-scatter of the whole (B, T, h), nothing else; the
-LayerNorm's gradients take one all-reduce of its 2h numbers. The lesson's `dlcourse.parallel.
-tensor` and torch's DTensor are refused while the student's code runs (exercise 8's block runs
-the lesson's pair before that).
+LayerNorm's gradients take one all-reduce of its 2h numbers. `refused.TENSOR` is refused while
+the student's code runs (exercise 8's block runs the lesson's pair before that).
 """
 
 import torch
@@ -50,9 +49,7 @@ SYNC_HINT = ("each rank's LayerNorm saw only its own tokens: all-reduce (sum) th
 # ---------------------------------------------------------------- the block and its reference
 
 
-# The lesson's and torch's answers and these checks' references (`refused.TENSOR`), less the two
-# helpers the harness calls while the student's classes are in their guards.
-SEQUENCE = TENSOR.but(allow=TENSOR.allow + ("_shape_checked", "_block"))
+SEQUENCE = TENSOR.but(allow=TENSOR.allow + ("_shape_checked", "_block"))  # the harness's, in guard
 
 
 def draw_block(rng, tp):
