@@ -128,3 +128,25 @@ def test_bad_sizes_and_too_few_micro_batches_are_refused():
         RankGrid(pp=4).check_model(GPTConfig(n_layers=4), micro_batches=3)
     with pytest.raises(ValueError, match=r"pp 1 x dp 2 x tp 2 = 4 ranks, but the job has 8"):
         RankGrid(dp=2, tp=2).check_world_size(8)
+
+
+@pytest.mark.parametrize("grid", [RankGrid(dp=2, tp=2, pp=2), RankGrid(dp=2, cp=2, tp=2),
+                                  RankGrid(cp=4), RankGrid(dp=1, cp=2, tp=2, pp=2)])
+def test_the_grid_picture_draws_every_rank_apart_and_each_group_through_its_ranks(grid):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from dlcourse.plots.grid import plot_rank_grid, rank_position
+
+    places = [rank_position(grid, r) for r in range(grid.world_size)]
+    assert len(set(places)) == grid.world_size  # no rank hides another (cp ranks did)
+    ax = plot_rank_grid(grid)
+    lines = {axis: [ln for ln in ax.get_lines() if ln.get_color() == colour]
+             for axis, colour in (("tp", "tab:red"), ("dp", "tab:blue"), ("pp", "tab:green"),
+                                  ("cp", "tab:purple"))}
+    for axis, drawn in lines.items():
+        groups = grid.axis_groups(axis) if getattr(grid, axis) > 1 else []
+        assert len(drawn) == len(groups), axis
+        for line, ranks in zip(drawn, groups):  # each line starts and ends on its group's ends
+            xs, ys = line.get_data()
+            assert (xs[0], ys[0]) == places[ranks[0]] and (xs[-1], ys[-1]) == places[ranks[-1]]

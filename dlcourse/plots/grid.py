@@ -10,29 +10,40 @@ AXIS_STYLE = {  # axis -> (colour, what runs on it)
     "dp": ("tab:blue", "dp: gradients averaged once a step (ZeRO-3: parameters gathered "
                        "every layer, every micro-batch)"),
     "pp": ("tab:green", "pp: activations sent to the next stage"),
+    "cp": ("tab:purple", "cp: keys and values passed on (or gathered), every attention layer"),
 }
 
 
 def rank_position(grid, rank):
-    """(x, y) of `rank` in the picture: one panel per pipeline stage, tp across, dp down."""
+    """(x, y) of `rank` in the picture: one panel per pipeline stage, cp then tp across (a
+    block of tp ranks for each cp coordinate, lesson 08), dp down."""
     c = grid.coords(rank)
-    return c["pp"] * (grid.tp + 1) + c["tp"], -c["dp"]
+    return c["pp"] * (grid.tp * grid.cp + 1) + c.get("cp", 0) * grid.tp + c["tp"], -c["dp"]
+
+
+def _arc(xs, ys, lift):
+    """50 points on a parabola from the group's first rank to its last, `lift` high at the
+    middle (negative: below): arcs keep pp and cp lines off the straight tp lines."""
+    t = np.linspace(0, 1, 50)
+    return xs[0] + (xs[-1] - xs[0]) * t, ys[0] + lift * 4 * t * (1 - t)
 
 
 def plot_rank_grid(grid, ax=None, title=None, legend=True):
     """Every rank as a numbered dot, and one line per group of each axis joining its ranks
-    (pp groups as arcs over the stages, higher for a higher tp coordinate, so none overlap)."""
-    ax = ax or plt.subplots(figsize=(2 + 1.3 * grid.pp * (grid.tp + 1), 1.5 + grid.dp))[1]
+    (pp groups as arcs over the stages, higher for a higher tp coordinate, so none overlap; cp
+    groups as arcs under their rows, deeper for a higher tp coordinate)."""
+    width = grid.tp * grid.cp + 1  # columns a pipeline stage takes, with one of space
+    ax = ax or plt.subplots(figsize=(2 + 1.3 * grid.pp * width, 1.5 + grid.dp))[1]
     for axis, (colour, label) in AXIS_STYLE.items():
         if getattr(grid, axis) == 1:
             continue
         for i, ranks in enumerate(grid.axis_groups(axis)):
             xs, ys = zip(*(rank_position(grid, r) for r in ranks))
+            tp_coord = grid.coords(ranks[0])["tp"]
             if axis == "pp":  # an arc from the first stage to the last
-                t = np.linspace(0, 1, 50)
-                lift = 0.25 + 0.2 * grid.coords(ranks[0])["tp"]
-                xs = xs[0] + (xs[-1] - xs[0]) * t
-                ys = ys[0] + lift * 4 * t * (1 - t)
+                xs, ys = _arc(xs, ys, 0.25 + 0.2 * tp_coord)
+            elif axis == "cp":  # under the row, so it does not hide the tp line
+                xs, ys = _arc(xs, ys, -(0.15 + 0.1 * tp_coord))
             ax.plot(xs, ys, "-", color=colour, lw=3, alpha=0.6,
                     label=label if i == 0 else None, zorder=1)
     for rank in range(grid.world_size):
@@ -40,14 +51,16 @@ def plot_rank_grid(grid, ax=None, title=None, legend=True):
         ax.scatter([x], [y], s=500, color="white", edgecolors="black", zorder=2)
         ax.text(x, y, str(rank), ha="center", va="center", fontsize=10, zorder=3)
     for stage in range(grid.pp):
-        ax.text(stage * (grid.tp + 1) + (grid.tp - 1) / 2, -grid.dp + 0.5, f"stage {stage}",
+        ax.text(stage * width + (width - 2) / 2, -grid.dp + 0.5, f"stage {stage}",
                 ha="center", fontsize=9)
-    ax.set_xlim(-0.7, grid.pp * (grid.tp + 1) - 0.3)
+    ax.set_xlim(-0.7, grid.pp * width - 0.3)
     ax.set_ylim(-grid.dp + 0.3, 0.2 + 0.2 * grid.tp + (0.25 if grid.pp > 1 else 0))
     ax.set_xticks([]), ax.set_yticks([])
-    ax.set_xlabel("tp coordinate (inside each pipeline stage)")
+    ax.set_xlabel("tp coordinate (inside each pipeline stage)" if grid.cp == 1 else
+                  "cp coordinate, then tp coordinate (inside each pipeline stage)")
     ax.set_ylabel("dp coordinate")
-    ax.set_title(title or f"dp {grid.dp} x tp {grid.tp} x pp {grid.pp}: "
+    cp = f" x cp {grid.cp}" if grid.cp > 1 else ""
+    ax.set_title(title or f"dp {grid.dp}{cp} x tp {grid.tp} x pp {grid.pp}: "
                           f"{grid.world_size} ranks, order {' > '.join(grid.order)}")
     if legend and grid.world_size > 1:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
