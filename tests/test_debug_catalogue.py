@@ -55,7 +55,7 @@ EXPECTED = {
 # rank draws from the shared seed, so both hold a copy unlike one process's (and each other's)
 EXPECTED.update({
     "tp_dropout_heads_shared": (1, "activations", "blocks.0.attn.attn_dropout", [0, 1]),
-    "tp_dropout_residual_per_rank": (1, "activations", "blocks.0.attn.resid_dropout", [0, 1]),
+    "tp_dropout_resid_per_rank": (1, "activations", "blocks.0.attn.resid_dropout", [0, 1]),
 })
 # correct strategies of `dlcourse tour` that no bug above runs on: they must report nothing too
 TOUR_ROWS = ["torch DDP", "ZeRO stage 1 (lesson 05)", "ZeRO stage 3 (lesson 05)",

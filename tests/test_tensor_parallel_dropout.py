@@ -30,23 +30,27 @@ B, T, h, a = 4, CONFIG.seq_len, CONFIG.hidden, CONFIG.n_heads
 SEED = 5
 
 
-def _dropped(seed, shape):
+def _dropped(seed, shape, draws=2):
+    """`draws` masks in a row from a stream seeded `seed`, as a rank draws one per step."""
     torch.manual_seed(seed)
-    return F.dropout(torch.ones(shape, dtype=torch.float64), CONFIG.dropout)
+    return [F.dropout(torch.ones(shape, dtype=torch.float64), CONFIG.dropout) for _ in range(draws)]
 
 
 def test_one_process_masks_follow_the_rule_and_leave_the_default_stream():
     attn = one_process_dropout(GPT(CONFIG), tp=2, seed=SEED).blocks[0].attn
     torch.manual_seed(123)
-    heads = attn.attn_dropout(torch.ones(B, a, T, T, dtype=torch.float64))  # (B, a, T, T)
-    resid = attn.resid_dropout(torch.ones(B, T, h, dtype=torch.float64))
+    heads, resid = [], []
+    for _ in range(2):  # two steps: each stream goes on where it stopped
+        heads.append(attn.attn_dropout(torch.ones(B, a, T, T, dtype=torch.float64)))
+        resid.append(attn.resid_dropout(torch.ones(B, T, h, dtype=torch.float64)))
     after = torch.rand(3)
     torch.manual_seed(123)
     assert torch.equal(after, torch.rand(3))  # the default stream did not move
     for r in range(2):  # rank r's heads [r a/2, (r+1) a/2): Megatron's seed + 2718 + tp_rank
-        assert torch.equal(heads[:, r:r + 1], _dropped(SEED + 2718 + r, (B, 1, T, T)))
-    assert torch.equal(resid, _dropped(SEED, (B, T, h)))
-    assert (heads == 0).any() and not torch.equal(heads[:, 0], heads[:, 1])
+        want = _dropped(SEED + 2718 + r, (B, 1, T, T))
+        assert all(torch.equal(got[:, r:r + 1], w) for got, w in zip(heads, want))
+    assert all(torch.equal(got, w) for got, w in zip(resid, _dropped(SEED, (B, T, h))))
+    assert (heads[0] == 0).any() and not torch.equal(heads[0][:, 0], heads[0][:, 1])
 
 
 def masks_on_rank(bugs):
@@ -67,7 +71,7 @@ def masks_on_rank(bugs):
     return out
 
 
-BUGS = [None, "tp_dropout_heads_shared", "tp_dropout_residual_per_rank"]
+BUGS = [None, "tp_dropout_heads_shared", "tp_dropout_resid_per_rank"]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +82,7 @@ def agree():
 @pytest.mark.parametrize("bug, heads, residual", [
     (None, False, True),  # each rank its own heads' mask; one residual tensor, one mask
     ("tp_dropout_heads_shared", True, True),  # every rank's heads get the same mask
-    ("tp_dropout_residual_per_rank", False, False)])  # the replicated copies drop differently
+    ("tp_dropout_resid_per_rank", False, False)])  # the replicated copies drop differently
 def test_which_masks_agree_across_the_tp_ranks(agree, bug, heads, residual):
     assert (agree[bug, "heads"], agree[bug, "residual"]) == (heads, residual)
 

@@ -222,7 +222,7 @@ CATALOGUE.update({
         "get_cuda_rng_tracker().fork() around the attention dropout (DotProductAttention), "
         "model_parallel_cuda_manual_seed: tp state seed + 2718 + tp_rank",
         ((tp_dropout, "STREAMS", {**tp_dropout.STREAMS, "attn.attn_dropout": None}),)),
-    "tp_dropout_residual_per_rank": Bug(
+    "tp_dropout_resid_per_rank": Bug(
         "TP + dropout (lesson 04)",
         "the residual dropouts (after the row-parallel layers' g) drawn from the per-rank stream: "
         "each tp rank drops other elements of what must be one replicated tensor",
