@@ -48,6 +48,15 @@ EXPECTED = {
     # tp-sharded one in backward order averages two different shards
     "dp_tp_world_group": (1, "gradients", "blocks.1.mlp.proj.weight", [0, 1, 2, 3]),
 }
+# TP + dropout: one process draws, by construction, the masks a correct tp = 2 run draws. Block
+# 0's attention-probability dropout is the first dropout of the forward: shared there, neither
+# rank's heads get their own stream's mask. The per-rank residual bug leaves it right (the heads
+# still draw per rank) and shows in the next dropout, after the output projection's g: neither
+# rank draws from the shared seed, so both hold a copy unlike one process's (and each other's)
+EXPECTED.update({
+    "tp_dropout_heads_shared": (1, "activations", "blocks.0.attn.attn_dropout", [0, 1]),
+    "tp_dropout_resid_per_rank": (1, "activations", "blocks.0.attn.resid_dropout", [0, 1]),
+})
 # correct strategies of `dlcourse tour` that no bug above runs on: they must report nothing too
 TOUR_ROWS = ["torch DDP", "ZeRO stage 1 (lesson 05)", "ZeRO stage 3 (lesson 05)",
              "torch ZeroRedundancyOptimizer", "PP GPipe (lesson 06)", "PP ZB-H1 (lesson 06)",

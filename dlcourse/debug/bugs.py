@@ -30,7 +30,9 @@ from dlcourse.parallel.context.parallelize import GlobalPositions
 from dlcourse.parallel.data.buckets import all_reduce_buckets
 from dlcourse.parallel.expert import compare as ep_compare
 from dlcourse.parallel.pipeline import executor
+from dlcourse.parallel.tensor import dropout as tp_dropout
 from dlcourse.parallel.tensor.comm import CopyToTensorParallel, g
+from dlcourse.parallel.tensor.dropout import TENSOR_PARALLEL
 from dlcourse.parallel.tensor.layers import RowParallelLinear
 from dlcourse.parallel.tensor.parallelize import parallelize
 from dlcourse.parallel.zero import clip
@@ -205,6 +207,30 @@ CATALOGUE = {
         ((overlap.DataParallel, "no_sync", _no_sync_ignored),),
         dict(micro_batches=2)),
 }
+
+
+# --- dropout under tensor parallelism: a dropout drawing from the wrong random stream ----------
+# Each is lesson 04's table `dropout.STREAMS` with the streams changed; "TP + dropout" compares
+# with a one process whose masks are, by construction, those of the correct table.
+
+CATALOGUE.update({
+    "tp_dropout_heads_shared": Bug(
+        "TP + dropout (lesson 04)",
+        "the attention-probability dropout drawn from the default stream, seeded alike on every "
+        "tp rank: each rank's heads get the same mask, where each rank's must be its own",
+        "Megatron-LM's megatron/core/tensor_parallel/random.py: CudaRNGStatesTracker, "
+        "get_cuda_rng_tracker().fork() around the attention dropout (DotProductAttention), "
+        "model_parallel_cuda_manual_seed: tp state seed + 2718 + tp_rank",
+        ((tp_dropout, "STREAMS", {**tp_dropout.STREAMS, "attn.attn_dropout": None}),)),
+    "tp_dropout_resid_per_rank": Bug(
+        "TP + dropout (lesson 04)",
+        "the residual dropouts (after the row-parallel layers' g) drawn from the per-rank stream: "
+        "each tp rank drops other elements of what must be one replicated tensor",
+        "Megatron-LM's model_parallel_cuda_manual_seed (tensor_parallel/random.py): the default "
+        "stream, the same on the tp ranks, is for dropout in the non-tensor-parallel regions",
+        ((tp_dropout, "STREAMS", {**tp_dropout.STREAMS, "attn.resid_dropout": TENSOR_PARALLEL,
+                                  "mlp.dropout": TENSOR_PARALLEL}),)),
+})
 
 
 # --- two hangs, for the hang finder (hang.py): a rank-dependent number of steps or sizes ------

@@ -10,10 +10,10 @@ parameters are whole on every rank (gathered by the strategy's own helper).
 
 Tolerance: the runs are float64 (`DebugConfig.dtype`); a correct strategy adds the same numbers
 in another order. Measured over 2 AdamW steps at 2 ranks, the largest |Δ| / max(1, |reference|) of
-any tensor: 1.7e-15 (CP zig-zag; DP, ZeRO 1-3, TP, TP + SP, PP 1F1B, CP Ulysses, EP: 3e-16 to
-1.1e-15), all in parameters after a step. The smallest first gap of a catalogue bug: 1.9e-6
-(ZeRO's clip by the local norm). A gap counts above 1e-9 x max(1, |reference|): six orders of
-magnitude from each.
+any tensor: 1.7e-15 (CP zig-zag; DP, ZeRO 1-3, TP, TP + SP, TP + dropout, PP 1F1B, CP Ulysses,
+EP: 3e-16 to 1.1e-15), all in parameters after a step. The smallest first gap of a catalogue
+bug: 1.9e-6 (ZeRO's clip by the local norm). A gap counts above 1e-9 x max(1, |reference|): six
+orders of magnitude from each.
 """
 
 TOLERANCE = 1e-9  # relative to max(1, the reference's largest |value|); see above
@@ -61,8 +61,8 @@ def _view(ref, mine, subject, cfg):
     if ref.shape == mine.shape:
         return ref
     tp_rank, tp = subject.tp
-    if ref.dim() > 1 and tp > 1 and ref.size(1) == tp * mine.size(1):  # a sequence shard (SP)
-        return ref.chunk(tp, dim=1)[tp_rank]
+    if ref.dim() > 1 and tp > 1 and ref.size(1) == tp * mine.size(1):  # a sequence shard (SP),
+        return ref.chunk(tp, dim=1)[tp_rank]  # or (B, a, T, T) attention: this rank's a/t heads
     if ref.size(0) == cfg.model.seq_len and mine.size(0) % ref.size(0) == 0:  # the positions
         # (s, h), no batch dim: a pipeline's first stage computes them once per micro-batch
         return ref.repeat(mine.size(0) // ref.size(0), *[1] * (ref.dim() - 1))

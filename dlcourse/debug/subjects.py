@@ -9,12 +9,14 @@ every plan of a rank grid (plain DP, TP with or without SP, ZeRO 1-3, the pipeli
 combinations, `dlcourse.tour.combine.PLANS` included), lesson 03's wrappers (`wrap`: naive,
 bucketed, overlapped, torch DDP) with lesson 03's accumulating `train_step`, lesson 08's
 context-parallel GPT with the tour's `cp_step`, and lesson 09's expert-parallel MoE GPT with its
-`ep_step` (its reference is the same MoE GPT in one process: a `Strategy` names its own).
+`ep_step` (its reference is the same MoE GPT in one process: a `Strategy` names its own), and
+lesson 04's TP GPT with dropout, whose one process draws, by construction, the masks its tp
+ranks draw between them (`parallel/tensor/dropout.py`, `one_process_dropout`).
 
     SUBJECTS["TP + SP (lesson 04)"].build(DebugConfig())   # on every rank of a 2-rank job
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
@@ -29,6 +31,11 @@ from dlcourse.parallel.expert import expert_parallel
 from dlcourse.parallel.expert import full_parameters as ep_full_parameters
 from dlcourse.parallel.expert.compare import ep_step
 from dlcourse.parallel.grid import RankGrid
+from dlcourse.parallel.tensor import full_parameters as tp_full_parameters
+from dlcourse.parallel.tensor import parallelize, vocab_parallel_lm_loss
+from dlcourse.parallel.tensor.compare import step as tp_step
+from dlcourse.parallel.tensor.dropout import one_process_dropout
+from dlcourse.parallel.tensor.rng import seed_tensor_parallel
 from dlcourse.parallel.zero.torch_api import zero_redundancy
 from dlcourse.tour.combine import PLANS as TOUR_PLANS
 from dlcourse.tour.common import TourConfig
@@ -151,6 +158,33 @@ def moe_model(cfg, dtype=None):
     return MoEGPT(moe_config(cfg), seed=cfg.seed).to(cfg.device(), dtype or cfg.dtype)
 
 
+TP_DROPOUT = 0.1  # the dropout of "TP + dropout": GPT-2's, in all three of a block's dropouts
+
+
+def tp_dropout_subject(cfg, p=TP_DROPOUT):
+    """Lesson 04's TP GPT over every rank with dropout p, its masks from lesson 04's `RNGTracker`
+    (`parallelize(..., tracker=)`): the heads' per rank, the residual ones alike on every rank."""
+    group = dist.group.WORLD
+    model = _with_dropout(cfg, p).new_model()
+    tracker = seed_tensor_parallel(cfg.seed, group)  # after the model: its layers draw at init
+    model = parallelize(model, group, tracker=tracker)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    loss_fn = partial(vocab_parallel_lm_loss, group=group)
+    train_step = lambda x, y: tp_step(model, optimizer, loss_fn, x, y).item()  # noqa: E731
+    return Subject([model], optimizer, train_step, partial(tp_full_parameters, model, group),
+                   tp=(dist.get_rank(group), dist.get_world_size(group)))
+
+
+def tp_dropout_reference(cfg, p=TP_DROPOUT, tp=2):
+    """Its one process: the GPT whose masks are by construction those tp ranks draw between
+    them (`dropout.one_process_dropout`), from seeds of their own, the default stream untouched."""
+    return one_process_dropout(_with_dropout(cfg, p).new_model(), tp, cfg.seed)
+
+
+def _with_dropout(cfg, p):
+    return replace(cfg, model=replace(cfg.model, dropout=p))
+
+
 def _grid(plan):
     return Strategy(plan.grid.world_size, partial(grid_subject, plan))
 
@@ -172,4 +206,5 @@ SUBJECTS = {
     **{name: Strategy(2, partial(cp_subject, method)) for name, method in METHOD_ROWS.items()},
     "EP + DP (lesson 09, MoE GPT)": Strategy(2, ep_subject, reference=moe_model,
                                              loss=moe_loss),
+    "TP + dropout (lesson 04)": Strategy(2, tp_dropout_subject, reference=tp_dropout_reference),
 }

@@ -21,6 +21,8 @@ parallelism (Korthikanti et al. 2022) also splits the LayerNorm regions along th
     gqa.py          grouped-query attention with fewer KV heads than ranks (KV heads replicated)
     vocab.py        padded_vocab_size (Megatron's make-vocab-size-divisible-by), mask_padded_logits
     rng.py          RNGTracker: dropout masks that agree across the tp ranks, and ones that differ
+    dropout.py      STREAMS: which dropout draws from which stream (track_dropout), and
+                    one_process_dropout: the one-process GPT with the masks tp ranks draw
 """
 
 from dlcourse.parallel.tensor.comm import (f, g, g_trap, gather_last_dim, gather_sequence,

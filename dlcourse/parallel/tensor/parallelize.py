@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dlcourse.parallel.grid import RankGrid
+from dlcourse.parallel.tensor.dropout import track_dropout
 from dlcourse.parallel.tensor.layers import (ColumnParallelLinear, RowParallelLinear,
                                              SequenceParallelLayerNorm, SequenceParallelPositions,
                                              VocabParallelEmbedding, unshard)
@@ -39,25 +40,32 @@ PLAN = {
 }
 
 
-def check_tp(config, tp, sequence_parallel=False):
-    """Refuse a tp size the course GPT cannot be cut into, with the arithmetic in the message."""
+def check_tp(config, tp, sequence_parallel=False, tracked=False):
+    """Refuse a tp size the course GPT cannot be cut into, with the arithmetic in the message;
+    and dropout without a tracker (`tracked`: `parallelize` got one) or with sequence parallel."""
     RankGrid(tp=tp).check_model(config)
-    if config.dropout and tp > 1:
-        raise ValueError(f"tensor parallel here needs dropout 0, got {config.dropout}: each rank "
-                         "would draw its own dropout masks where the ranks must agree (Megatron "
-                         "keeps a separate random state per region for this; the course does not)")
+    if config.dropout and tp > 1 and not tracked:
+        raise ValueError(f"tensor parallel with dropout {config.dropout} needs a random-state "
+                         "tracker, or the ranks draw the same masks where they must differ: pass "
+                         "parallelize(..., tracker=seed_tensor_parallel(seed, group)) (rng.py)")
+    if config.dropout and tp > 1 and sequence_parallel:
+        raise ValueError(f"dropout {config.dropout} with sequence parallelism is not built here "
+                         "(its residual dropouts would need per-rank masks too); use dropout 0")
     if sequence_parallel and config.seq_len % tp:
         raise ValueError(f"sequence parallelism: tp {tp} does not divide seq_len {config.seq_len} "
                          f"({config.seq_len} / {tp} = {config.seq_len / tp:g}); every rank "
                          "holds an equal slice of the sequence")
 
 
-def parallelize(model, group, sequence_parallel=False, sum_grads=True):
+def parallelize(model, group, sequence_parallel=False, sum_grads=True, tracker=None):
     """The plain `GPT` -> a `TensorParallelGPT` holding this rank's shards, for `group`.
     sum_grads=False (sequence parallel only): the partial gradients of the whole parameters are
-    left for one coalesced all-reduce after backward (`grads.all_reduce_sequence_partial_grads`)."""
-    check_tp(model.config, dist.get_world_size(group), sequence_parallel)
-    return TensorParallelGPT(model, group, sequence_parallel, sum_grads)
+    left for one coalesced all-reduce after backward (`grads.all_reduce_sequence_partial_grads`).
+    tracker (`rng.seed_tensor_parallel`): with dropout, each dropout draws from the stream
+    `dropout.STREAMS` names (the heads' per rank, the residual ones alike on every rank)."""
+    check_tp(model.config, dist.get_world_size(group), sequence_parallel, tracker is not None)
+    tp_model = TensorParallelGPT(model, group, sequence_parallel, sum_grads)
+    return tp_model if tracker is None else track_dropout(tp_model, tracker)
 
 
 def parallel_block(block, group, sequence_parallel, sum_grads=True):
