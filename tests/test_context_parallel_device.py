@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import dlcourse
 from conftest import needs_gpu
@@ -160,13 +161,17 @@ def test_one_ranks_forward_memory_is_lesson_08s_formula(device):
 def torch_cp_against_ring(device, causal):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel as torch_cp
-    q, k, v, dout = qkv_dout(device, torch.float32)  # float32: SDPA's memory-efficient kernel
+    q, k, v, dout = qkv_dout(device, torch.float32)
     mine = leaves([q, k, v])
     out = ring_attention(*mine, dist.group.WORLD, Layout("contiguous", 1, S), causal)
     out.backward(dout)
     mesh = init_device_mesh(device, (1,), mesh_dim_names=("cp",))
     buffers = [t.clone() for t in (q, k, v)]  # sharded in place on entry (cp = 1: unchanged)
-    with torch_cp(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2]):
+    # not restored on exit: by then they are leaves that require grad, which copy_ refuses
+    # its sharding rules are for the flash, memory-efficient and cuDNN kernels only: float32
+    # takes the memory-efficient one, asked for by name so that no other is picked silently
+    with torch_cp(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2],
+                  no_restore_buffers=set(buffers)), sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
         theirs = [t.requires_grad_() for t in buffers]
         want = F.scaled_dot_product_attention(*theirs, is_causal=causal)
         want.backward(dout)

@@ -112,12 +112,13 @@ def loop_and_grouped(device, dtype):
         x.grad = None
         y = experts(x, counts)
         y.backward(grad)
-        results.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in experts.parameters()])
+        grads = [p.grad.clone() for p in experts.parameters()]
+        results.append([y.detach(), x.grad.clone()] + grads)
     return results
 
 
-@pytest.mark.parametrize("device, dtype", GROUPED_CASES, ids=["cpu-float32", "cpu-bfloat16",
-                                                              "cuda-bfloat16"])
+@pytest.mark.parametrize("device, dtype", GROUPED_CASES,
+                         ids=["cpu-float32", "cpu-bfloat16", "cuda-bfloat16"])
 def test_grouped_gemm_equals_the_expert_loop_on_the_device(device, dtype):
     if not grouped_mm_runs_on(device):
         pytest.skip(f"torch {torch.__version__} has no grouped GEMM kernel for {device}")
