@@ -6,6 +6,8 @@ runs (`refusal.py`), like the lesson's own answers.
     routed(logits, k, capacity)          experts (N, k), weights (N, k), keep (N, k)
     switch_loss(logits, k)               E · Σ_e f_e · P_e and its gradient w.r.t. the logits
     dispatched(xs, experts, E, dest)     the rows rank `dest` receives, and its (ep, E/ep) counts
+    by_destination(experts, E)           the (N·k,) assignments grouped by expert, stably
+    unpermuted(y, order, weights)        (N, h): each token's k outputs back, mixed by weight
     layer_counts(h, f, E, k, bias)       total and active parameters, forward FLOPs per token
 """
 
@@ -70,6 +72,28 @@ def dispatched(xs, experts, n_experts, dest):
     width = xs[0].size(1)
     out = torch.stack(rows) if rows else torch.empty(0, width, dtype=xs[0].dtype)
     return out, counts
+
+
+def by_destination(experts, n_experts):
+    """experts (N, k) -> (N·k,) int64: the flat assignments (n·k + j is token n's j-th choice)
+    expert by expert, 0 first, each expert's in (token, choice) order: bucket by bucket."""
+    flat = experts.flatten().tolist()
+    buckets = [[] for _ in range(n_experts)]
+    for a, e in enumerate(flat):
+        buckets[e].append(a)
+    return torch.tensor([a for bucket in buckets for a in bucket], dtype=torch.int64)
+
+
+def unpermuted(y, order, weights):
+    """y (N·k, h) float64, row i the output for assignment order[i]; weights (N, k) -> (N, h):
+    out[n] = Σ_j weights[n, j] · (the output of assignment n·k + j), token by token."""
+    n_tokens, k = weights.shape
+    row_of = {int(a): i for i, a in enumerate(order)}  # assignment -> its row of y
+    out = torch.zeros(n_tokens, y.size(1), dtype=torch.float64)
+    for n in range(n_tokens):
+        for j in range(k):
+            out[n] += weights[n, j].double() * y[row_of[n * k + j]].double()
+    return out
 
 
 def layer_counts(hidden, expert_hidden, n_experts, top_k, bias):

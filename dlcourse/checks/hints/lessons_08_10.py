@@ -107,6 +107,29 @@ HINTS.update({
 })
 
 HINTS.update({
+    # ---------------------------------- lesson 09: the permutation by destination and its inverse
+    "permute_by_destination": (
+        "number the assignments (token n's j-th choice is n·k + j) and list them expert by "
+        "expert; within one expert keep the order they had",
+        "flatten experts to (N·k,) and sort by expert with a stable sort: equal keys keep their "
+        "order (an unstable sort may reorder one expert's assignments, and the grader's cases "
+        "have many per expert)",
+        "torch.argsort of the flat experts with stable=True (np.argsort kind='stable'); or a "
+        "counting sort: counts per expert with bincount(minlength=n_experts), so an expert "
+        "nobody chose keeps its 0, each expert's first place from the exclusive cumulative sum",
+    ),
+    "unpermute": (
+        "row i of y is the output for assignment order[i]: which token is that, and which "
+        "choice of it?",
+        "undo the permutation: row i goes back to place order[i] (a scatter, back[order] = y), "
+        "or gather with the inverse permutation; gathering with order itself applies it twice",
+        "back in assignment order is (N·k, h): view it (N, k, h), the k outputs of each token, "
+        "multiply by weights as (N, k, 1) and sum over the k; or index_add each row of y into "
+        "token order[i] // k, times weights.flatten()[order[i]]",
+    ),
+})
+
+HINTS.update({
     # ------------------------------------------------------------ lesson 10: debugging
     "first_divergence": (
         "the traces are already in the order the finder reads them: walk them, and stop at the "

@@ -46,11 +46,12 @@ def uniform_routing(moe, batch, seq_len, seed=0):
     return x.view(batch, seq_len, h)
 
 
-def count_layer(config, batch, group, uniform=True, seed=0):
+def count_layer(config, batch, group, uniform=True, seed=0, device="cpu"):
     """One expert-parallel MoE layer, forward and backward on this rank's (batch, s, h) input,
     routed uniformly (`uniform_routing`) or by a random router on random input: returns
     ({"forward"/"backward": [CommRecord]}, the layer), whose `experts.received` and
-    `tokens_per_expert` say where the rows went."""
+    `tokens_per_expert` say where the rows went. `device`: where the layer and its input live
+    (drawn on the CPU, so every device gets the same numbers; "cuda" with nccl)."""
     gen = torch.Generator().manual_seed(seed)
     moe = MoE(config)
     for p in moe.parameters():  # the same weights on every rank
@@ -63,8 +64,9 @@ def count_layer(config, batch, group, uniform=True, seed=0):
         x = torch.randn(batch, config.seq_len, config.hidden, generator=gen)
         with torch.no_grad():
             moe.router.weight.mul_(50)  # routing far from uniform: uneven splits
+    moe.to(device)
     parallel_moe(moe, group)
-    x.requires_grad_()
+    x = x.to(device).requires_grad_()
     with CommCounter() as forward:
         y = moe(x)
     with CommCounter() as backward:
