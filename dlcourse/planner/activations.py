@@ -10,8 +10,8 @@ position only: autograd saves those tables, not the activations, so they add no 
 
     layer_saved_tensors(spec, 4096, 1, tp=8, sequence_parallel=True)  # [(tensor, bytes, paper)]
 
-The MLP kernel matters for SwiGLU only. Plain autograd ("eager", torchtitan's FeedForward,
-lesson 01's count) keeps four ffn-wide tensors: the gate x W_gate (SiLU's input), SiLU's output
+The MLP kernel matters for SwiGLU only. Plain autograd ("eager", as torchtitan's FeedForward
+runs it) keeps four ffn-wide tensors: the gate x W_gate (SiLU's input), SiLU's output
 and the up factor (the product's inputs), and the product (the down projection's input). A
 fused kernel ("fused", Megatron-LM's megatron/core/fusions/fused_bias_swiglu.py: its
 SwiGLUFunction saves only its input, the gate and up halves side by side, and recomputes SiLU
@@ -32,7 +32,7 @@ split along the sequence over the t ranks (Korthikanti §4.2.2), the rest over h
 """
 
 RECOMPUTE = ("none", "selective", "full")
-MLP = ("fused", "eager")  # SwiGLU as one kernel that recomputes SiLU, or as autograd keeps it
+MLP = ("eager", "fused")  # SwiGLU as autograd keeps it (4 ffn-wide tensors), or one kernel (3)
 
 
 def layer_saved_tensors(spec, seq_len, micro_batch, *, tp=1, sequence_parallel=False,

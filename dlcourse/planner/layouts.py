@@ -11,9 +11,10 @@ rule a layout breaks, each with its arithmetic; `layouts` enumerates the ones wo
 import math
 from dataclasses import dataclass, field
 
+from dlcourse.planner.activations import MLP
+
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("fused", "eager")  # FlashAttention / SDPA's fused kernel, or the scores in memory
-MLP = ("eager", "fused")  # SwiGLU as autograd keeps it (4 ffn-wide tensors), or one kernel (3)
 
 
 @dataclass(frozen=True)
