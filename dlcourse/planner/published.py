@@ -64,12 +64,13 @@ what the caching allocator held, not what tensors used), and no row can be check
 `MEMORY_TOLERANCE`. Tables 1 and 3 use the per-op checkpointing above (for Table 1's FSDP
 row the planner's "none" gives 104.9 GiB and "full" 26.8, against 82.4). The rows with full
 recomputation (Tables 2, 4, 5, 6: 72-85 GiB) all run torch.compile and Float8, and the
-planner (its memory for their layouts: 32-39 GiB) is about half of them. What it leaves out, largest first: torchtitan's loss
-(train.py: cross_entropy(pred.float()), not compiled) peaks in backward at 12 bytes a logit,
-the saved fp32 log-probabilities, their gradient and log_softmax's fp32 input gradient, where
-the planner counts the first 4 (Table 2's 32,768 tokens x 128,256: 31 GiB more); the working
-set of the one layer recomputed in backward; FSDP's gathered parameters and fp32 gradients of
-the layers in flight; and the allocator's cache above what is allocated.
+planner (its memory for their layouts: 32-39 GiB) is about half of them. What it leaves out,
+largest first: torchtitan's loss (train.py: cross_entropy(pred.float()), not compiled) peaks
+in backward at 12 bytes a logit, the saved fp32 log-probabilities, their gradient and
+log_softmax's fp32 input gradient, where the planner counts the first 4 (Table 2's 32,768
+tokens x 128,256: 31 GiB more); the working set of the one layer recomputed in backward;
+FSDP's gathered parameters and fp32 gradients of the layers in flight; and the allocator's
+cache above what is allocated.
 """
 
 import functools
