@@ -66,7 +66,7 @@ def plan(args):
                              f"{seq_len}-token sequences: pass a multiple of {seq_len}")
         cluster = Cluster(card, values["gpus"], values["gpus_per_node"])
         work = Workload(replace(spec, seq_len=max(spec.seq_len, seq_len)), seq_len, tokens,
-                        attention=args.attention)
+                        attention=args.attention, mlp=args.mlp)
         result = make_plan(work, cluster)
     except ValueError as error:
         print(f"dlcourse plan: {error}", file=sys.stderr)
@@ -236,6 +236,9 @@ def _add_plan(sub):
     p.add_argument("--attention", choices=["fused", "eager"], default="fused",
                    help="fused (FlashAttention/SDPA: no s x s scores stored, the default) or "
                         "eager (the scores stored, as lesson 01 measures)")
+    p.add_argument("--mlp", choices=["eager", "fused"], default="eager",
+                   help="SwiGLU's kernel: eager (plain autograd, 4 ffn-wide tensors saved, the "
+                        "default) or fused (Megatron-LM's, 3); no effect on GELU models")
     p.set_defaults(run=plan)
 
 

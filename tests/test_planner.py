@@ -147,7 +147,8 @@ def test_a_model_that_fits_nowhere_says_why_and_what_would_fit():
     p = plan(Workload(REAL_MODELS["Llama-2 70B"], 4096, 2**20), Cluster(gpu("rtx-4090"), 8))
     assert not p.ranked
     text = format_plan(p)
-    assert "Nothing fits" in text and "GB a GPU, more than 90% of 24 GB" in text
+    assert "Nothing fits" in text and \
+        f"GB a GPU, more than 90% of {gpu('rtx-4090').memory / 1e9:.0f} GB" in text
     assert any("rtx-4090 GPUs would fit" in a for a in p.advice)  # more of the same GPU
 
 
@@ -281,3 +282,18 @@ def test_dlcourse_plan_takes_the_attention_kernel_and_prints_the_price_caveat(ca
     first_row = lambda text: text.splitlines()[3]
     assert first_row(fused) != first_row(eager)
 
+
+
+def test_the_swiglu_kernel_is_a_setting_for_swiglu_only(capsys):
+    """The MLP kernel changes what a SwiGLU layer saves (tests/test_planner_activations.py holds
+    both against autograd) and nothing in GELU's; `dlcourse plan --mlp` takes it, a bad name
+    is refused."""
+    layout = Layout(8, 1, 1, zero_stage=3, micro_batch=2)
+    for spec, changes in ((LLAMA7, True), (GPT2, False)):
+        kinds = [memory_per_gpu(Workload(spec, 1024, 16 * 1024, mlp=k), layout)
+                 for k in ("eager", "fused")]
+        assert (kinds[1] < kinds[0]) == changes and kinds[1] <= kinds[0], spec.name
+    with pytest.raises(ValueError, match="mlp must be one of"):
+        Workload(LLAMA7, 4096, 4096, mlp="triton")
+    assert main(["plan", *PLAN, "--top", "1", "--mlp", "fused"]) == 0
+    assert "Recommended" in capsys.readouterr().out

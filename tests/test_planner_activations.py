@@ -90,11 +90,36 @@ class RMSNorm(nn.Module):
         return FusedRMSNorm.apply(x, self.weight, 1e-6)
 
 
+class FusedSwiGLU(torch.autograd.Function):
+    """SwiGLU as Megatron-LM's fused kernel does it (megatron/core/fusions/fused_bias_swiglu.py,
+    SwiGLUFunction): save only the input, gate and up side by side, and redo SiLU in backward."""
+
+    @staticmethod
+    def forward(ctx, y):  # y: (..., 2 ffn), gate then up
+        ctx.save_for_backward(y)
+        gate, up = y.chunk(2, -1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors[0].chunk(2, -1)
+        sig = torch.sigmoid(gate)
+        return torch.cat([grad * up * sig * (1 + gate * (1 - sig)), grad * gate * sig], -1)
+
+
+def test_fused_swiglu_is_swiglu():
+    y = torch.randn(B, T, 2 * 8, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(FusedSwiGLU.apply, (y,))
+    gate, up = y.chunk(2, -1)
+    assert torch.allclose(FusedSwiGLU.apply(y), F.silu(gate) * up)
+
+
 class LlamaBlock(nn.Module):
     """Llama's layer: RMSNorm, grouped-query attention with rotary embeddings, RMSNorm, SwiGLU;
-    no bias, no dropout. attention: "fused" (SDPA, K/V at kv_heads) or "eager" (repeat_kv)."""
+    no bias, no dropout. attention: "fused" (SDPA, K/V at kv_heads) or "eager" (repeat_kv);
+    mlp: "eager" (autograd's SwiGLU) or "fused" (one gate-and-up matmul into `FusedSwiGLU`)."""
 
-    def __init__(self, h, heads, kv_heads, ffn, attention):
+    def __init__(self, h, heads, kv_heads, ffn, attention, mlp="eager"):
         super().__init__()
         self.a, self.kv, self.d, self.attention = heads, kv_heads, h // heads, attention
         self.norm1, self.norm2 = RMSNorm(h), RMSNorm(h)
@@ -102,7 +127,11 @@ class LlamaBlock(nn.Module):
         self.k = nn.Linear(h, kv_heads * self.d, bias=False)
         self.v = nn.Linear(h, kv_heads * self.d, bias=False)
         self.o = nn.Linear(h, h, bias=False)
-        self.gate, self.up = (nn.Linear(h, ffn, bias=False) for _ in range(2))
+        self.mlp = mlp
+        if mlp == "fused":  # Megatron's linear_fc1: gate and up in one (h, 2 ffn) matmul
+            self.gate_up = nn.Linear(h, 2 * ffn, bias=False)
+        else:
+            self.gate, self.up = (nn.Linear(h, ffn, bias=False) for _ in range(2))
         self.down = nn.Linear(ffn, h, bias=False)
         angles = torch.outer(torch.arange(T).float(), 1e4 ** (-torch.arange(0, self.d, 2) / self.d))
         self.register_buffer("cos", angles.cos().repeat(1, 2))  # (T, d)
@@ -130,6 +159,8 @@ class LlamaBlock(nn.Module):
     def forward(self, x):
         x = x + self.attend(self.norm1(x))
         y = self.norm2(x)
+        if self.mlp == "fused":
+            return x + self.down(FusedSwiGLU.apply(self.gate_up(y)))
         return x + self.down(F.silu(self.gate(y)) * self.up(y))
 
 
@@ -141,10 +172,11 @@ def test_fused_rmsnorm_is_rmsnorm():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("attention", ["fused", "eager"])
-def test_llama_block_saves_what_the_count_says(dtype, attention):
+@pytest.mark.parametrize("attention, mlp", [("fused", "eager"), ("eager", "eager"),
+                                            ("fused", "fused")])
+def test_llama_block_saves_what_the_count_says(dtype, attention, mlp):
     h, heads, kv_heads, ffn = 32, 4, 2, 48
-    block = LlamaBlock(h, heads, kv_heads, ffn, attention).to(dtype)
+    block = LlamaBlock(h, heads, kv_heads, ffn, attention, mlp).to(dtype)
     spec = ModelSpec("tiny Llama", 1, h, heads, 128, T, ffn=ffn, kv_heads=kv_heads,
                      gated_mlp=True, bias=False, tied=False, learned_positions=False)
     x = torch.randn(B, T, h, dtype=dtype, requires_grad=True)
@@ -153,7 +185,7 @@ def test_llama_block_saves_what_the_count_says(dtype, attention):
     # are made the block's dtype first and `rotate`'s cast is then the table itself)
     block.cos, block.sin = block.cos.to(dtype), block.sin.to(dtype)
     got = measured(block, x, ignore=(block.cos, block.sin))
-    assert got == layer_activation_bytes(spec, T, B, attention=attention,
+    assert got == layer_activation_bytes(spec, T, B, attention=attention, mlp=mlp,
                                          bytes_per_value=DTYPES[dtype])
 
 

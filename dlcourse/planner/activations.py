@@ -10,6 +10,15 @@ position only: autograd saves those tables, not the activations, so they add no 
 
     layer_saved_tensors(spec, 4096, 1, tp=8, sequence_parallel=True)  # [(tensor, bytes, paper)]
 
+The MLP kernel matters for SwiGLU only. Plain autograd ("eager", as torchtitan's FeedForward
+runs it) keeps four ffn-wide tensors: the gate x W_gate (SiLU's input), SiLU's output
+and the up factor (the product's inputs), and the product (the down projection's input). A
+fused kernel ("fused", Megatron-LM's megatron/core/fusions/fused_bias_swiglu.py: its
+SwiGLUFunction saves only its input, the gate and up halves side by side, and recomputes SiLU
+in backward) leaves three: that 2 ffn-wide input and the down projection's input. GELU's MLP
+keeps two either way (Megatron's fused bias_gelu saves its input; the second Linear the GELU
+output), so the setting changes nothing for GPT.
+
 `paper` is False for the two kinds of rows Table 2 leaves out as small: the norms' fp32
 statistics and the fused kernel's logsumexp. Without them, a GPT-3 layer's rows sum to
 `dlcourse.memory.activation_bytes` exactly (tests/test_planner_activations.py; it also holds
@@ -23,28 +32,32 @@ split along the sequence over the t ranks (Korthikanti §4.2.2), the rest over h
 """
 
 RECOMPUTE = ("none", "selective", "full")
+MLP = ("eager", "fused")  # SwiGLU as autograd keeps it (4 ffn-wide tensors), or one kernel (3)
 
 
 def layer_saved_tensors(spec, seq_len, micro_batch, *, tp=1, sequence_parallel=False,
-                        recompute="none", attention="fused", bytes_per_value=2, mask_bytes=1,
-                        stat_bytes=4):
+                        recompute="none", attention="fused", mlp="eager", bytes_per_value=2,
+                        mask_bytes=1, stat_bytes=4):
     """[(tensor, bytes, paper)] one layer of `spec` saves for one micro-batch of `micro_batch`
     sequences of `seq_len` tokens on one tensor-parallel rank. recompute: "none", "selective"
     (the attention scores recomputed), "full" (only the layer's input kept); attention: "fused"
-    (FlashAttention / SDPA: no s x s scores) or "eager" (softmax(QK^T) stored). Bytes: a value,
+    (FlashAttention / SDPA: no s x s scores) or "eager" (softmax(QK^T) stored); mlp: "eager"
+    (autograd's four ffn-wide SwiGLU tensors) or "fused" (three, above). Bytes: a value,
     a dropout-mask element, a norm statistic (CUDA: 2, 1 (bool), 4 (fp32); torch's CPU
     kernels keep masks and LayerNorm statistics in the values' dtype)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     if attention not in ("fused", "eager"):
         raise ValueError(f"attention must be 'fused' or 'eager', got {attention!r}")
+    if mlp not in MLP:
+        raise ValueError(f"mlp must be one of {MLP}, got {mlp!r}")
     tokens, t, e, m = seq_len * micro_batch, tp, bytes_per_value, mask_bytes
     seq = t if sequence_parallel else 1  # the divisor of the h-wide tensors
     h = spec.hidden
     if recompute == "full":
         return [("layer input (the rest recomputed)", tokens * h * e / seq, True)]
     rows = _attention_rows(spec, seq_len, tokens, t, seq, e, m, attention, recompute)
-    rows += _mlp_rows(spec, tokens, t, seq, e, m)
+    rows += _mlp_rows(spec, tokens, t, seq, e, m, mlp)
     return [(name, nbytes * stat_bytes / 4 if "statistics" in name else nbytes, paper)
             for name, nbytes, paper in rows]
 
@@ -83,11 +96,15 @@ def _attention_rows(spec, seq_len, tokens, t, seq, e, m, attention, recompute):
     return rows
 
 
-def _mlp_rows(spec, tokens, t, seq, e, m):
+def _mlp_rows(spec, tokens, t, seq, e, m, mlp):
     f = spec.ffn
     rows = _norm_rows(spec, "norm 2", tokens, seq, e)
     rows.append(("MLP input", tokens * spec.hidden * e / seq, True))
-    if spec.gated_mlp:  # SwiGLU: down(silu(x W_gate) * (x W_up))
+    if spec.gated_mlp and mlp == "fused":  # one kernel: silu(gate) * up, SiLU redone in backward
+        rows += [("gate and up, side by side (the fused SwiGLU's input)", 2 * tokens * f * e / t,
+                  True),
+                 ("SwiGLU output (down projection's input)", tokens * f * e / t, True)]
+    elif spec.gated_mlp:  # SwiGLU in autograd: down(silu(x W_gate) * (x W_up))
         rows += [("gate x W_gate (SiLU's input)", tokens * f * e / t, True),
                  ("SiLU output (a factor of the product)", tokens * f * e / t, True),
                  ("up x W_up (the other factor)", tokens * f * e / t, True),

@@ -42,7 +42,7 @@ from dlcourse.planner.timing import (BYTES, cp_time, dp_time, elementwise_bytes,
                                      model_flops_per_token, optimizer_time, pp_time,
                                      shape_efficiency, tp_time)
 
-HEADROOM = 0.1  # fraction of device memory left for the CUDA context, buffers, fragmentation
+HEADROOM = 0.1  # of nvidia-smi's total: the driver's share, CUDA context, buffers, fragmentation
 
 
 @dataclass

@@ -12,6 +12,14 @@ Inside a training step a matmul keeps IN_LAYER_SHARE = 0.73 of its MAMF, measure
 A100 layer (`calibration.py`); `matmul_efficiency` = MAMF x 0.73 (A100 0.63, H100 0.58).
 Thin matmuls sustain less again (`timing.shape_efficiency`: the roofline at `hbm_bw`).
 
+Memory (`memory`, bytes): what the driver reports, not the "80 GB" it is sold as. The cards
+carry binary capacities; nvidia-smi's memory.total (modal-labs/modal-client PR #2797,
+2025-01-23, nvidia-smi on each card): H100 80GB 81,559 MiB, A100 80GB 81,920 MiB, A100 40GB
+40,960 MiB, L40S 46,068 MiB; H200 143,771 MiB and RTX 4090 24,564 MiB as nvidia-smi prints
+them in public logs. CUDA hands the allocator a little less (torch's total_memory, the
+driver's totalGlobalMem: 81,090 MiB on an H100 80GB, 0.6% less), which the planner's
+`estimate.HEADROOM` covers with the CUDA context and fragmentation.
+
 Memory bandwidth (`hbm_bw`, bytes/s, datasheets): A100 40 GB 1,555 GB/s, A100 80 GB SXM
 2,039 GB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s, L40S 864 GB/s (GDDR6), RTX 4090 1,008 GB/s
 (GDDR6X). It times what is not a matmul: the optimizer step and the element-wise kernels.
@@ -35,6 +43,7 @@ differ threefold between providers: pass your own (`GPU.with_price`, `--price`).
 from dataclasses import dataclass, replace
 
 GB = 1e9
+MiB = 2 ** 20
 IN_LAYER_SHARE = 0.73  # of the MAMF, kept inside a training step (`calibration.py` derives it)
 PRICE_CAVEAT = ("prices: one provider's on-demand list price on 2026-07-23 "
                 "(gpu-price-feed); yours will differ: pass --price")
@@ -43,7 +52,7 @@ PRICE_CAVEAT = ("prices: one provider's on-demand list price on 2026-07-23 "
 @dataclass(frozen=True)
 class GPU:
     name: str
-    memory: float  # bytes of device memory (as sold: 80 GB = 80e9)
+    memory: float  # bytes of device memory, as nvidia-smi reports it (MiB, above)
     peak_flops: float  # dense bf16 tensor-core FLOP/s, from the datasheet
     intra_bw: float  # bytes/s one way to another GPU in the node
     inter_bw: float  # bytes/s one way to a GPU in another node
@@ -64,27 +73,27 @@ class GPU:
 
 
 GPUS = {g.name: g for g in [
-    GPU("a100-40gb", 40 * GB, 312e12, 300 * GB, 25 * GB, 1.29,
+    GPU("a100-40gb", 40960 * MiB, 312e12, 300 * GB, 25 * GB, 1.29,
         "NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16 dense, 1,555 GB/s, NVLink 600 GB/s; "
         "MAMF 85.9% (Bekman); DataCrunch A100 SXM4 40GB", hbm_bw=1555 * GB,
         mamf=0.859),
-    GPU("a100-80gb", 80 * GB, 312e12, 300 * GB, 25 * GB, 1.79,
+    GPU("a100-80gb", 81920 * MiB, 312e12, 300 * GB, 25 * GB, 1.79,
         "NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16 dense, 2,039 GB/s, NVLink 600 GB/s; "
         "MAMF 85.9% (Bekman); DataCrunch A100 SXM4 80GB", hbm_bw=2039 * GB,
         mamf=0.859),
-    GPU("h100", 80 * GB, 989e12, 450 * GB, 50 * GB, 3.25,
+    GPU("h100", 81559 * MiB, 989e12, 450 * GB, 50 * GB, 3.25,
         "NVIDIA H100 datasheet (SXM): 989 TFLOPS bf16 dense, 3.35 TB/s, NVLink 900 GB/s; "
         "MAMF 80.1% (Bekman); DataCrunch H100 SXM5 80GB", hbm_bw=3350 * GB,
         mamf=0.801),
-    GPU("h200", 141 * GB, 989e12, 450 * GB, 50 * GB, 4.00,
+    GPU("h200", 143771 * MiB, 989e12, 450 * GB, 50 * GB, 4.00,
         "NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, the H100's compute; MAMF "
         "80.3% (Bekman); DataCrunch H200 SXM5 141GB", hbm_bw=4800 * GB,
         mamf=0.803),
-    GPU("l40s", 48 * GB, 362e12, 32 * GB, 12.5 * GB, 1.37,
+    GPU("l40s", 46068 * MiB, 362e12, 32 * GB, 12.5 * GB, 1.37,
         "NVIDIA L40S datasheet: 48 GB GDDR6 at 864 GB/s, 362 TFLOPS bf16 dense, PCIe 4.0 x16, "
         "no NVLink; MAMF assumed 80%; DataCrunch L40S 48GB", hbm_bw=864 * GB,
         mamf=0.80),
-    GPU("rtx-4090", 24 * GB, 165e12, 16 * GB, 12.5 * GB, 0.34,
+    GPU("rtx-4090", 24564 * MiB, 165e12, 16 * GB, 12.5 * GB, 0.34,
         "NVIDIA Ada Lovelace architecture whitepaper: RTX 4090 24 GB GDDR6X at 1,008 GB/s, "
         "165 TFLOPS bf16 dense (fp32 accumulate), PCIe 4.0 x16, no NVLink and no peer-to-peer; "
         "MAMF assumed 80%; RunPod", hbm_bw=1008 * GB, mamf=0.80,

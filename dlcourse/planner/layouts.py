@@ -11,6 +11,8 @@ rule a layout breaks, each with its arithmetic; `layouts` enumerates the ones wo
 import math
 from dataclasses import dataclass, field
 
+from dlcourse.planner.activations import MLP
+
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("fused", "eager")  # FlashAttention / SDPA's fused kernel, or the scores in memory
 
@@ -20,16 +22,22 @@ class Workload:
     """What to train: a `ModelSpec` (dlcourse.memory.calculator), its sequence length, the
     global batch of one optimizer step, in tokens, and the attention kernel: "fused"
     (FlashAttention, torch's SDPA: the s x s scores never stored, recomputed in backward) or
-    "eager" (softmax(QK^T) materialised and saved, as lesson 01 measures it)."""
+    "eager" (softmax(QK^T) materialised and saved, as lesson 01 measures it); and the SwiGLU
+    MLP's kernel: "eager" (plain autograd, as torchtitan and lesson 01 run it: four ffn-wide
+    tensors saved) or "fused" (Megatron-LM's, three; `activations.py`). GELU MLPs save the
+    same two tensors either way."""
 
     model: object  # ModelSpec
     seq_len: int
     batch_tokens: int  # tokens per optimizer step (global batch x seq_len)
     attention: str = "fused"  # "fused" or "eager"
+    mlp: str = "eager"  # "eager" or "fused" (SwiGLU's kernel)
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.mlp not in MLP:
+            raise ValueError(f"mlp must be one of {MLP}, got {self.mlp!r}")
 
     @property
     def sequences(self):

@@ -24,7 +24,8 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   at 4,096 tokens, local batch 2, SDPA (fused) attention; the rows without recomputation (13B)
   and with full recomputation (70B). WPS is tokens per second per GPU (its MFU column checks
   it: 2,162 x 6Ψ-and-attention FLOPs = 61% of 312 TFLOPS). The network is not stated: one
-  200 Gb/s port per GPU, as on DGX A100, is assumed.
+  200 Gb/s port per GPU, as on DGX A100, is assumed. Its SwiGLU is plain PyTorch
+  (torchtitan/models/llama/model.py at 395a526: w2(F.silu(w1(x)) * w3(x))): mlp "eager".
 - BigScience BLOOM-176B, bigscience-workshop/bigscience, train/tr11-176B-ml: tr11-176B-ml.slurm
   (TP 4, PP 12, micro-batch 2, global batch 2,048 of 2,048 tokens, 70 layers of 14,336 with
   112 heads, vocabulary padded to 250,880, ALiBi, tied embeddings, --checkpoint-activations,
@@ -41,7 +42,9 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   The paper does not say how it counts attention FLOPs; the planner's MFU counts every query
   against every key (6Ψ + 12 L h s, PaLM's count, no causal halving). At 128K the attention
   term is 57% of that count: were Meta's MFU counted with causal attention as half, the
-  planner's prediction in their count would be 29% lower (at 8K, 4%).
+  planner's prediction in their count would be 29% lower (at 8K, 4%). Left open, so searched:
+  interleaving (§3.3.2 describes an interleaved schedule with a tuned number of back-to-back
+  micro-batches, not v) and the SwiGLU kernel (`Workload.mlp`: not stated).
 
 Read and left out: torchtitan's H100 tables for Llama 3.1 8B (benchmarks/
 llama3_h100_202412_torchtitan.md, added in commit 820504e, 2025-06-13; runs of 2024-12 at
@@ -54,6 +57,20 @@ element-wise ops recomputed), neither the planner's "selective" nor "full"; and 
 runs the norms, rotary and SwiGLU unfused (the compiled rows are 16% faster), which the
 planner's element-wise term (each saved tensor moved 3 times) does not count. The planner is
 faster than these rows by more than `TOLERANCE`.
+
+The same file states memory per GPU (GiB), which does not depend on the GPU's speed, but it
+is torchtitan's "max_reserved" (train.py at 9dec370 logs torch.cuda's reserved_bytes.all.peak:
+what the caching allocator held, not what tensors used), and no row can be checked within
+`MEMORY_TOLERANCE`. Tables 1 and 3 use the per-op checkpointing above (for Table 1's FSDP
+row the planner's "none" gives 104.9 GiB and "full" 26.8, against 82.4). The rows with full
+recomputation (Tables 2, 4, 5, 6: 72-85 GiB) all run torch.compile and Float8, and the
+planner (its memory for their layouts: 32-39 GiB) is about half of them. What it leaves out,
+largest first: torchtitan's loss (train.py: cross_entropy(pred.float()), not compiled) peaks
+in backward at 12 bytes a logit, the saved fp32 log-probabilities, their gradient and
+log_softmax's fp32 input gradient, where the planner counts the first 4 (Table 2's 32,768
+tokens x 128,256: 31 GiB more); the working set of the one layer recomputed in backward;
+FSDP's gathered parameters and fp32 gradients of the layers in flight; and the allocator's
+cache above what is allocated.
 """
 
 import functools
@@ -116,7 +133,7 @@ def _korthikanti(heads, hidden, layers, pp, gpus, batch, micro, v, seconds, sele
 def _torchtitan(name, local_batch, recompute, wps):
     spec = REAL_MODELS[name]
     layout = Layout(64, 1, 1, zero_stage=3, micro_batch=local_batch, recompute=recompute)
-    work = Workload(spec, 4096, 64 * local_batch * 4096, attention="fused")
+    work = Workload(spec, 4096, 64 * local_batch * 4096, attention="fused", mlp="eager")
     return PublishedRun(f"{name} FSDP on 64", "torchtitan docs/performance.md", work,
                         Cluster(A100, 64), layout, "tokens/s/GPU", wps)
 
@@ -135,25 +152,14 @@ def _bloom():
                         Cluster(OMNI_PATH_A100, 384), layout, "seconds", 104.70)
 
 
-LLAMA3_MEMORY = ("counting each tensor Llama's layer saves (its SwiGLU as plain autograd keeps "
-                 "it: the gate, SiLU's output, the up factor and their product, four ffn-wide "
-                 "tensors) and with the first and last stages one layer lighter, as Llama 3 "
-                 "ran them, the busiest rank still holds about p micro-batches of a whole stage "
-                 "(p - 1 on the second rank, more with interleaving) without recomputation; "
-                 "a SwiGLU kernel that keeps only its two inputs and recomputes SiLU in "
-                 "backward (Megatron-LM's, three ffn-wide tensors with the product) and Llama "
-                 "3's tuned number of back-to-back micro-batches (§3.3.2) would take that "
-                 "below the limit, but the paper states neither")
-
-
 def _llama3(gpus, dp, per_dp, mfu, cp=1, seq_len=8192):
     layout = Layout(dp, 8, 16, zero_stage=3, micro_batch=1, micro_batches=per_dp,
                     reshard=False, light_ends=True, cp=cp)
     context = f", {seq_len // 1024}K context" if cp > 1 else ""
     return PublishedRun(f"Llama 3 405B on {gpus}{context}", "Dubey et al. 2024, Table 4",
                         Workload(LLAMA3_405B, seq_len, dp * per_dp * seq_len, attention="fused"),
-                        Cluster(GPUS["h100"], gpus), layout, "mfu", mfu, free=("interleave",),
-                        memory_miss=LLAMA3_MEMORY)
+                        Cluster(GPUS["h100"], gpus), layout, "mfu", mfu,
+                        free=("interleave", "mlp"))
 
 
 RUNS = [
@@ -195,29 +201,38 @@ def megatron_tflops(work, step_time, n_gpus):
     return flops / (step_time * n_gpus) / 1e12
 
 
-CHOICES = {"interleave": (1, 2, 4)}
+CHOICES = {"interleave": (1, 2, 4), "mlp": ("eager", "fused")}
+WORKLOAD_CHOICES = ("mlp",)  # the free settings that belong to the `Workload`, not the `Layout`
 
 
 def candidates(run):
-    """The published layout with every combination of the settings the source leaves open,
-    kept where the planner finds no rule broken."""
+    """(work, layout) for the published layout with every combination of the settings the
+    source leaves open, kept where the planner finds no rule broken."""
     free = {k: v for k, v in CHOICES.items() if k in run.free}
     for values in itertools.product(*free.values()):
-        layout = replace(run.layout, **dict(zip(free, values)))
-        if not problems(layout, run.work, run.cluster):
-            yield layout
+        chosen = dict(zip(free, values))
+        on_work = {k: v for k, v in chosen.items() if k in WORKLOAD_CHOICES}
+        work = replace(run.work, **on_work)
+        layout = replace(run.layout, **{k: v for k, v in chosen.items() if k not in on_work})
+        if not problems(layout, work, run.cluster):
+            yield work, layout
+
+
+def best_candidate(run):
+    """(work, Estimate) of the planner's fastest candidate that fits in memory (any candidate,
+    for a run whose `memory_miss` says why none fits); (None, None) if no candidate fits."""
+    pairs = [(w, estimate(w, L, run.cluster)) for w, L in candidates(run)]
+    fitting = [(w, e) for w, e in pairs if e.fits or run.memory_miss]
+    if not fitting:
+        return None, None
+    return min(fitting, key=lambda pair: pair[1].step_time)
 
 
 def predict(run):
-    """The planner's fastest candidate that fits in memory (any candidate, for a run whose
-    `memory_miss` says why none fits), its estimate, and its prediction in the source's
+    """The best candidate's estimate (`best_candidate`) and its prediction in the source's
     metric; (None, None) if no candidate fits."""
-    estimates = [estimate(run.work, L, run.cluster) for L in candidates(run)]
-    fitting = [e for e in estimates if e.fits or run.memory_miss]
-    if not fitting:
-        return None, None
-    best = min(fitting, key=lambda e: e.step_time)
-    return best, in_metric(run, best)
+    work, best = best_candidate(run)
+    return (None, None) if best is None else (best, in_metric(run, best))
 
 
 def in_metric(run, e):

@@ -79,7 +79,7 @@ def layer_activations(work, L, recompute=None):
     return layer_activation_bytes(work.model, work.seq_len // L.cp, L.micro_batch, tp=L.tp,
                                   sequence_parallel=L.sequence_parallel,
                                   recompute=recompute or L.recompute, attention=work.attention,
-                                  bytes_per_value=BYTES)
+                                  mlp=work.mlp, bytes_per_value=BYTES)
 
 
 def ring_time(op, nbytes, ranks, alpha, bandwidth):
