@@ -60,14 +60,17 @@ class Report:
     compared: dict  # phase -> how many tensors rank 0 compared
     comm: list  # per rank: {op: calls} of step 1's collectives
     spread: dict = None  # (step, phase) -> how many tensors differ there on some rank
+    note: str = ""  # the strategy's own: what the finder cannot compare for it (Strategy.note)
 
     def __str__(self):
         head = f"{self.subject}" + (f" with bug {self.bug!r}" if self.bug else "")
-        checked = ", ".join(f"{n} {phase}" for phase, n in self.compared.items())
+        checked = ", ".join(f"{self.compared[phase]} {phase}" for phase in PHASES
+                            if phase in self.compared)
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.comm[0].items())) or "none"
         body = str(self.first) if self.first else "no divergence: every compared tensor matches"
+        note = f"\n  note: {self.note}" if self.note else ""
         return (f"{head}\n  {body}\n  compared on rank 0: {checked}\n"
-                f"  step 1's collectives on rank 0: {ops}")
+                f"  step 1's collectives on rank 0: {ops}{note}")
 
 
 def record(subject, cfg, x, y):
@@ -218,4 +221,5 @@ def _merge(name, bug, results):
                            max(g["scale"] for g, _ in here), sorted(rank for _, rank in here))
     differing = {(g["step"], g["phase"], g["name"]) for g, _ in gaps}
     spread = Counter((step, phase) for step, phase, _ in differing)
-    return Report(name, bug, first, results[0][1], [dict(c) for _, _, c in results], dict(spread))
+    return Report(name, bug, first, results[0][1], [dict(c) for _, _, c in results], dict(spread),
+                  SUBJECTS[name].note)

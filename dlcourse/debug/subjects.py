@@ -61,6 +61,7 @@ class Subject:
     tp: tuple = (0, 1)  # (tp rank, tp size): an activation cut on dim 1 (SP) is this piece
     piece: object = None  # fn(reference activation) -> this rank's piece, or None: not comparable
     #                       (None here: the dp and tp rules above)
+    activations_from: int = 1  # the first step whose activations are compared (see Strategy.note)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Strategy:
     build: object  # fn(DebugConfig) -> Subject, on every rank
     reference: object = None  # fn(DebugConfig) -> the plain model it must equal (None: the GPT)
     loss: object = None  # fn(model, logits, targets) -> the reference's loss (None: lm_loss)
+    note: str = ""  # what the finder cannot compare for this strategy, and why; in its report
 
 
 def grid_subject(plan, cfg):
@@ -173,3 +175,9 @@ SUBJECTS = {
     "EP + DP (lesson 09, MoE GPT)": Strategy(2, ep_subject, reference=moe_model,
                                              loss=moe_loss),
 }
+
+# The tour rows built outside lesson 07's combine (DTensor TP, FSDP2, ZeRO offload, torch's
+# pipelining, interleaved 1F1B): imported last, as they build on Subject and Strategy above.
+from dlcourse.debug.subjects_tour import TOUR_SUBJECTS  # noqa: E402
+
+SUBJECTS.update(TOUR_SUBJECTS)
