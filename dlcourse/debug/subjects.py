@@ -79,7 +79,22 @@ def grid_subject(plan, cfg):
     clip = dict(max_grad_norm=cfg.max_grad_norm) if plan.zero_stage and cfg.max_grad_norm else {}
     trainer = combine(cfg.new_model(), plan, groups, lr=cfg.lr, **clip)
     return Subject(trainer.modules, trainer.optimizer, trainer.train_step, trainer.full_parameters,
-                   dp=(groups.coords["dp"], plan.grid.dp), tp=(groups.coords["tp"], plan.grid.tp))
+                   dp=(groups.coords["dp"], plan.grid.dp), tp=(groups.coords["tp"], plan.grid.tp),
+                   piece=grid_cp_piece(trainer, groups, cfg) if plan.grid.cp > 1 else None)
+
+
+def grid_cp_piece(trainer, groups, cfg):
+    """cp > 1 on a grid (tp = 1: `GridPlan` refuses SP with cp): fn(reference activation) ->
+    this rank's piece: its dp rows of the batch, then its cp tokens (`cp_layout`, as lesson 08's
+    `cp_subject`); the positions (s, h) have only the tokens. None: not comparable."""
+    (dp_rank, dp), cp_rank = (groups.coords["dp"], trainer.plan.grid.dp), groups.coords["cp"]
+    s, layout = cfg.model.seq_len, trainer.cp_layout
+
+    def piece(ref):
+        if ref.dim() > 2 and ref.size(0) == cfg.global_batch and ref.size(1) == s:
+            return layout.shard(ref.tensor_split(dp)[dp_rank], cp_rank, dim=1)
+        return layout.shard(ref, cp_rank, dim=0) if ref.size(0) == s else None
+    return piece
 
 
 def dp_subject(variant, cfg):
