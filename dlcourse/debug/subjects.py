@@ -9,7 +9,9 @@ every plan of a rank grid (plain DP, TP with or without SP, ZeRO 1-3, the pipeli
 combinations, `dlcourse.tour.combine.PLANS` included), lesson 03's wrappers (`wrap`: naive,
 bucketed, overlapped, torch DDP) with lesson 03's accumulating `train_step`, lesson 08's
 context-parallel GPT with the tour's `cp_step`, and lesson 09's expert-parallel MoE GPT with its
-`ep_step` (its reference is the same MoE GPT in one process: a `Strategy` names its own).
+`ep_step` (its reference is the same MoE GPT in one process: a `Strategy` names its own). The
+tour's other rows (torch's DTensor TP, FSDP2 and pipelining, ZeRO with offload, interleaved 1F1B)
+are in `subjects_tour.py`, added to SUBJECTS at the end: every row of `dlcourse tour` has one.
 
     SUBJECTS["TP + SP (lesson 04)"].build(DebugConfig())   # on every rank of a 2-rank job
 """

@@ -29,7 +29,7 @@ from dlcourse.parallel.pipeline import train_step as pipeline_train_step
 from dlcourse.parallel.pipeline.torch_api import torch_schedule, torch_train_step
 from dlcourse.parallel.tensor.compare import build as build_tp
 from dlcourse.parallel.tensor.compare import step as tp_step
-from dlcourse.tour.pipeline import N_MICRO, deep_enough, pipeline_grid
+from dlcourse.tour.pipeline import N_MICRO, TORCH, deep_enough, pipeline_grid
 from dlcourse.tour.zero import MAKERS as ZERO_MAKERS
 
 
@@ -59,25 +59,25 @@ def zero_row_subject(variant, cfg):
 
 
 def pipeline_subject(schedule, cfg, v=1):
-    """The tour's pipeline row for `schedule` ("torch" for torch's Schedule1F1B, else a name of
+    """The tour's pipeline row for `schedule` (TORCH: torch's Schedule1F1B, else a name of
     lesson 06's SCHEDULES): pp x dp ranks from `pipeline_grid`, N_MICRO micro-batches per
     pipeline, v stages per rank. Its modules are this rank's stages, named as the GPT's."""
     groups = pipeline_grid(cfg, v).new_groups()
     stages = cut_stages(cfg.new_model(), groups.pp, v)
     optimizer = torch.optim.AdamW([p for s in stages for p in s.parameters()], lr=cfg.lr)
-    if schedule == "torch":
+    if schedule == TORCH:
         torch_steps = torch_schedule("1F1B", stages, N_MICRO, groups.pp)
 
     def train_step(x, y):
         x, y = steps.shard_batch((x, y), groups.dp)  # this pipeline's slice
-        if schedule == "torch":
+        if schedule == TORCH:
             return torch_train_step(torch_steps, stages, optimizer, x, y, groups.pp, groups.dp)
         return pipeline_train_step(stages, optimizer, SCHEDULES[schedule],
                                    split_micro_batches(x, y, N_MICRO), groups.pp, v=v,
                                    dp_group=groups.dp)
     return Subject(stages, optimizer, train_step, partial(gather_params, stages, groups.pp),
                    dp=(dist.get_rank(groups.dp), dist.get_world_size(groups.dp)),
-                   activations_from=2 if schedule == "torch" else 1)  # see TORCH_NOTE
+                   activations_from=2 if schedule == TORCH else 1)  # see TORCH_NOTE
 
 
 def interleaved_subject(cfg, v=2):
@@ -107,5 +107,5 @@ TOUR_SUBJECTS = {  # tour row name -> Strategy; 2 ranks each (tp = 2 divides the
     "torch FSDP2": Strategy(2, partial(zero_row_subject, "FSDP2")),
     "PP interleaved 1F1B v=2 (lesson 06, deeper GPT)": Strategy(2, interleaved_subject,
                                                                   reference=deep_reference),
-    "torch pipelining 1F1B": Strategy(2, partial(pipeline_subject, "torch"), note=TORCH_NOTE),
+    "torch pipelining 1F1B": Strategy(2, partial(pipeline_subject, TORCH), note=TORCH_NOTE),
 }
