@@ -10,8 +10,9 @@ Float64 throughout (DebugConfig), so the finder's own threshold applies unchange
 that issue 26's coverage work added (DTensor TP, torch pipelining) show that the same test
 fails, at the right place, when one gradient is wrong on one rank.
 
-One job per world size (2 ranks: 24 rows and the perturbations; 4: the 2-D grids; 8: the
-tour's dp x tp x pp grid), each a module fixture.
+One job per world size (2 ranks: 22 rows and a perturbation; 4: the 2-D grids and the two
+pipelines beside the tour's own, at its default 4 ranks; 8: the tour's dp x tp x pp grid),
+each a module fixture.
 """
 
 import pytest
@@ -21,6 +22,7 @@ from dlcourse.debug import SUBJECTS, DebugConfig, find_divergences
 from dlcourse.debug import subjects_tour
 from dlcourse.debug.bugs import Bug
 from dlcourse.parallel.pipeline import torch_api
+from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.pipeline.executor import finish_gradients
 from dlcourse.parallel.tensor.compare import build as build_tp
 from dlcourse.tour import ROWS
@@ -45,12 +47,16 @@ def _double_grad(p):
 
 
 def _finish_doubling_a_weight_grad(stages, group=None, dp_group=None):
-    """torch pipelining's step as the library runs it, but after the schedule rank 1 (the last
-    stage) doubles the gradient of the second block's first MLP weight."""
+    """torch pipelining's step as the library runs it, but after the schedule (and the dp
+    average) rank 1 doubles the gradient of its block's first MLP weight."""
     finish_gradients(stages, group, dp_group)
     if dist.get_rank() == 1:
-        dict((n, p) for s in stages for n, p in s.named_parameters())[
-            "blocks.1.mlp.fc.weight"].grad.mul_(2)
+        next(p for s in stages for n, p in s.named_parameters()
+             if n.endswith("mlp.fc.weight")).grad.mul_(2)
+
+
+# the tour's pipeline grid at 4 ranks (`pipeline_grid`, a 2-block GPT): 2 stages x 2 copies
+PIPELINE_GRID = RankGrid(dp=2, pp=2)
 
 
 # strategy -> (the perturbation, where the finder must name it: step, phase, name, ranks)
@@ -59,11 +65,13 @@ PERTURBED = {
     "DTensor TP": (Bug("DTensor TP", "rank 1 doubles one bias gradient", "",
                        ((subjects_tour, "build_tp", _build_tp_doubling_a_bias_grad),)),
                    (1, "gradients", "blocks.1.mlp.proj.bias", [1])),
-    # a stage's gradient, gathered over the pp group by `gather_params`: wrong on every rank
-    "torch pipelining 1F1B": (Bug("torch pipelining 1F1B", "rank 1 doubles one weight gradient",
-                                  "", ((torch_api, "finish_gradients",
-                                        _finish_doubling_a_weight_grad),)),
-                              (1, "gradients", "blocks.1.mlp.fc.weight", [0, 1])),
+    # a stage's gradient, gathered by `gather_params` over rank 1's pp group: wrong on its
+    # ranks, right on the other copy of the pipeline (block s is stage s's)
+    "torch pipelining 1F1B": (
+        Bug("torch pipelining 1F1B", "rank 1 doubles one weight gradient", "",
+            ((torch_api, "finish_gradients", _finish_doubling_a_weight_grad),)),
+        (1, "gradients", f"blocks.{PIPELINE_GRID.coords(1)['pp']}.mlp.fc.weight",
+         PIPELINE_GRID.axis_ranks("pp", 1))),
 }
 
 

@@ -12,9 +12,9 @@ Tolerance: the runs are float64 (`DebugConfig.dtype`); a correct strategy adds t
 in another order. Measured over 2 AdamW steps on every row of `dlcourse tour` at its Subject's
 world size (2, 4 or 8 ranks), the largest |Δ| / max(1, |reference|) of any tensor: 2.0e-15 (the
 context-parallel rows, DP x CP among them: 1.0e-15 to 2.0e-15; every other row, torch's DTensor
-TP, FSDP2 and pipelining included: 3.1e-16 to 1.2e-15), each row's worst a tensor of step 2.
-The smallest first gap of a catalogue bug: 1.9e-6 (ZeRO's clip by the local norm). A gap counts above 1e-9 x max(1, |reference|): six orders of
-magnitude from each.
+TP, FSDP2 and pipelining included: 3.2e-16 to 1.2e-15), each row's worst a tensor of step 2.
+The smallest first gap of a catalogue bug: 1.9e-6 (ZeRO's clip by the local norm). A gap counts
+above 1e-9 x max(1, |reference|): six orders of magnitude from each.
 """
 
 TOLERANCE = 1e-9  # relative to max(1, the reference's largest |value|); see above

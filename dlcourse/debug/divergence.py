@@ -204,7 +204,7 @@ def _job(name, bug=None, cfg=None):
         raise ValueError(f"unknown strategy {name!r}; choose from {list(SUBJECTS)}")
     if bug is not None and not isinstance(bug, Bug) and bug not in CATALOGUE:
         raise ValueError(f"unknown bug {bug!r}; the catalogue has {list(CATALOGUE)}")
-    cfg = cfg or DebugConfig()
+    cfg = cfg or replace(DebugConfig(), **SUBJECTS[name].config)  # what the strategy needs
     if bug is not None:
         cfg = replace(cfg, **_bug(bug).config)  # what the bug needs to show (a clip, ...)
     return name, bug, cfg

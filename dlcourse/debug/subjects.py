@@ -73,6 +73,7 @@ class Strategy:
     reference: object = None  # fn(DebugConfig) -> the plain model it must equal (None: the GPT)
     loss: object = None  # fn(model, logits, targets) -> the reference's loss (None: lm_loss)
     note: str = ""  # what the finder cannot compare for this strategy, and why; in its report
+    config: dict = field(default_factory=dict)  # DebugConfig fields it needs (a case without one)
 
 
 def grid_subject(plan, cfg):

@@ -98,14 +98,19 @@ TORCH_NOTE = ("torch's PipelineStage runs each stage's forward once more in step
               "step 1's activations are not compared, step 2's are; gradients and parameters "
               "are, every step")
 
-TOUR_SUBJECTS = {  # tour row name -> Strategy; 2 ranks each (tp = 2 divides the 2 heads)
+# The pipelines at the tour's default 4 ranks: 2 stages x 2 data-parallel copies (`pipeline_grid`),
+# so the gradients' average over dp runs too; N_MICRO micro-batches on each copy need 2 x 4 rows
+PIPELINE_CONFIG = {"global_batch": 8}
+
+TOUR_SUBJECTS = {  # tour row name -> Strategy; 2 ranks for the others (tp = 2 divides 2 heads)
     "DTensor TP": Strategy(2, dtensor_subject),
     "ZeRO stage 2 + offload (lesson 05: ZeRO-Offload)": Strategy(
         2, partial(zero_row_subject, "stage 2 + offload")),
     "ZeRO stage 3 + offload (lesson 05)": Strategy(2, partial(zero_row_subject,
                                                                 "stage 3 + offload")),
     "torch FSDP2": Strategy(2, partial(zero_row_subject, "FSDP2")),
-    "PP interleaved 1F1B v=2 (lesson 06, deeper GPT)": Strategy(2, interleaved_subject,
-                                                                  reference=deep_reference),
-    "torch pipelining 1F1B": Strategy(2, partial(pipeline_subject, TORCH), note=TORCH_NOTE),
+    "PP interleaved 1F1B v=2 (lesson 06, deeper GPT)": Strategy(
+        4, interleaved_subject, reference=deep_reference, config=PIPELINE_CONFIG),
+    "torch pipelining 1F1B": Strategy(4, partial(pipeline_subject, TORCH), note=TORCH_NOTE,
+                                      config=PIPELINE_CONFIG),
 }
