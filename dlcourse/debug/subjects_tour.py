@@ -29,6 +29,7 @@ from dlcourse.parallel.pipeline import train_step as pipeline_train_step
 from dlcourse.parallel.pipeline.torch_api import torch_schedule, torch_train_step
 from dlcourse.parallel.tensor.compare import build as build_tp
 from dlcourse.parallel.tensor.compare import step as tp_step
+from dlcourse.tour.common import TourConfig
 from dlcourse.tour.pipeline import N_MICRO, TORCH, deep_enough, pipeline_grid
 from dlcourse.tour.zero import MAKERS as ZERO_MAKERS
 
@@ -99,8 +100,10 @@ TORCH_NOTE = ("torch's PipelineStage runs each stage's forward once more in step
               "are, every step")
 
 # The pipelines at the tour's default 4 ranks: 2 stages x 2 data-parallel copies (`pipeline_grid`),
-# so the gradients' average over dp runs too; N_MICRO micro-batches on each copy need 2 x 4 rows
-PIPELINE_CONFIG = {"global_batch": 8}
+# so the gradients' average over dp runs too. N_MICRO micro-batches on each copy need 2 x 4 rows
+# at least; the tour's own 16, as 8 would equal seq_len and make the positions (s, h) look like
+# batch rows to compare.py (measured: pos_emb then went uncompared)
+PIPELINE_CONFIG = {"global_batch": TourConfig().global_batch}
 
 TOUR_SUBJECTS = {  # tour row name -> Strategy; 2 ranks for the others (tp = 2 divides 2 heads)
     "DTensor TP": Strategy(2, dtensor_subject),
