@@ -92,10 +92,10 @@ def deep_reference(cfg, v=2):
 
 
 # torch 2.13's PipelineStage, built without example inputs and outputs (as `torch_schedule`
-# builds it), infers the shapes it sends by running each stage's forward once more on its first
+# builds it), infers the shapes it passes on by running each stage's forward once more on its first
 # step (`_forward_metadata_inference`, stage.py); the forward hooks see that call too
 TORCH_NOTE = ("torch's PipelineStage runs each stage's forward once more in step 1 to infer "
-              "the shapes it sends (past the first stage on empty, uninitialised inputs): "
+              "the shapes it passes on (past the first stage on empty, uninitialised inputs): "
               "step 1's activations are not compared, step 2's are; gradients and parameters "
               "are, every step")
 
