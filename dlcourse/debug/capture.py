@@ -15,6 +15,7 @@ its value while the helper runs, so the helper that gathers parameters gathers g
 from contextlib import contextmanager
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from dlcourse.parallel.zero.stage1 import FlatParameters
 
@@ -41,6 +42,8 @@ class ActivationLog:
     def _hook(self, name):
         def record(module, args, output):
             out = output[0] if isinstance(output, (tuple, list)) else output
+            if isinstance(out, DTensor):  # DTensor TP: this rank's piece, as the course's TP
+                out = out.to_local()      # hands it (compare.py decides if it is comparable)
             if torch.is_tensor(out) and out.is_floating_point():
                 if name not in self.outputs:
                     self.outputs[name] = []
@@ -75,15 +78,24 @@ def intercept_step(optimizer, before):
 @contextmanager
 @torch.no_grad()
 def grads_as_values(tensors):
-    """Inside the block each tensor's value is its gradient (zeros where it has none)."""
-    saved = [t.data for t in tensors]
+    """Inside the block each tensor's value is its gradient (zeros where it has none). A DTensor
+    (DTensor TP, FSDP2) gets it by a copy: assigning a DTensor's .data does not reach the local
+    shard that its full_tensor() gathers (measured: the values stayed the parameters')."""
+    saved = [t.detach().clone() if isinstance(t, DTensor) else t.data for t in tensors]
     for t in tensors:
-        t.data = t.grad if t.grad is not None else torch.zeros_like(t)
+        grad = t.grad if t.grad is not None else torch.zeros_like(t)
+        if isinstance(t, DTensor):
+            t.copy_(grad)  # the gradient has the parameter's placements: a local copy
+        else:
+            t.data = grad
     try:
         yield
     finally:
-        for t, data in zip(tensors, saved):
-            t.data = data
+        for t, value in zip(tensors, saved):
+            if isinstance(t, DTensor):
+                t.copy_(value)
+            else:
+                t.data = value
 
 
 @contextmanager

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 import dlcourse
 from dlcourse.collectives.counter import CommCounter
-from dlcourse.debug.bugs import CATALOGUE
+from dlcourse.debug.bugs import CATALOGUE, Bug
 from dlcourse.debug.capture import ActivationLog, gradients_shown, intercept_step
 from dlcourse.debug.compare import compare_trace
 from dlcourse.debug.subjects import SUBJECTS, DebugConfig, Subject
@@ -60,14 +60,17 @@ class Report:
     compared: dict  # phase -> how many tensors rank 0 compared
     comm: list  # per rank: {op: calls} of step 1's collectives
     spread: dict = None  # (step, phase) -> how many tensors differ there on some rank
+    note: str = ""  # the strategy's own: what the finder cannot compare for it (Strategy.note)
 
     def __str__(self):
         head = f"{self.subject}" + (f" with bug {self.bug!r}" if self.bug else "")
-        checked = ", ".join(f"{n} {phase}" for phase, n in self.compared.items())
+        checked = ", ".join(f"{self.compared[phase]} {phase}" for phase in PHASES
+                            if phase in self.compared)
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.comm[0].items())) or "none"
         body = str(self.first) if self.first else "no divergence: every compared tensor matches"
+        note = f"\n  note: {self.note}" if self.note else ""
         return (f"{head}\n  {body}\n  compared on rank 0: {checked}\n"
-                f"  step 1's collectives on rank 0: {ops}")
+                f"  step 1's collectives on rank 0: {ops}{note}")
 
 
 def record(subject, cfg, x, y):
@@ -131,7 +134,7 @@ def record_pair(name, bug, cfg):
     x, y = cfg.data()
     reference, order = reference_subject(cfg, SUBJECTS[name])
     ref_trace, _ = record(reference, cfg, x, y)
-    with CATALOGUE[bug].patch() if bug else nullcontext():
+    with _bug(bug).patch() if bug else nullcontext():
         subject = SUBJECTS[name].build(cfg)
         trace, comm = record(subject, cfg, x, y)
     return ref_trace, order, subject, trace, comm
@@ -150,7 +153,8 @@ def compare_on_rank(jobs):
 
 def find_divergences(cases, world_size=None, timeout=120):
     """Reports for several (strategy name, bug name or None[, DebugConfig]) cases run in one
-    job (one launch: the cheap way to check many). The cases' strategies must share a world size."""
+    job (one launch: the cheap way to check many). The cases' strategies must share a world size.
+    In place of a bug's name a `Bug` of one's own may be given (its patches made importable)."""
     jobs = [_job(*case) for case in cases]
     sizes = {SUBJECTS[name].world_size for name, _, _ in jobs}
     if len(sizes) != 1:
@@ -177,7 +181,7 @@ def losses_on_rank(jobs, n_steps):
         x, y = cfg.data()
         reference, _ = reference_subject(cfg, SUBJECTS[name])
         one = [reference.train_step(x, y) for _ in range(n_steps)]
-        with CATALOGUE[bug].patch() if bug else nullcontext():
+        with _bug(bug).patch() if bug else nullcontext():
             subject = SUBJECTS[name].build(cfg)
             parallel = [mean_loss(subject.train_step(x, y), cfg) for _ in range(n_steps)]
         curves.append((one, parallel))
@@ -198,12 +202,17 @@ def loss_curves(cases, n_steps=20, timeout=300):
 def _job(name, bug=None, cfg=None):
     if name not in SUBJECTS:
         raise ValueError(f"unknown strategy {name!r}; choose from {list(SUBJECTS)}")
-    if bug is not None and bug not in CATALOGUE:
+    if bug is not None and not isinstance(bug, Bug) and bug not in CATALOGUE:
         raise ValueError(f"unknown bug {bug!r}; the catalogue has {list(CATALOGUE)}")
-    cfg = cfg or DebugConfig()
+    cfg = cfg or replace(DebugConfig(), **SUBJECTS[name].config)  # what the strategy needs
     if bug is not None:
-        cfg = replace(cfg, **CATALOGUE[bug].config)  # what the bug needs to show (a clip, ...)
+        cfg = replace(cfg, **_bug(bug).config)  # what the bug needs to show (a clip, ...)
     return name, bug, cfg
+
+
+def _bug(bug):
+    """A name of the catalogue, or a `Bug` of one's own (a test's deliberate perturbation)."""
+    return bug if isinstance(bug, Bug) else CATALOGUE[bug]
 
 
 def _merge(name, bug, results):
@@ -218,4 +227,6 @@ def _merge(name, bug, results):
                            max(g["scale"] for g, _ in here), sorted(rank for _, rank in here))
     differing = {(g["step"], g["phase"], g["name"]) for g, _ in gaps}
     spread = Counter((step, phase) for step, phase, _ in differing)
-    return Report(name, bug, first, results[0][1], [dict(c) for _, _, c in results], dict(spread))
+    label = bug.breaks if isinstance(bug, Bug) else bug
+    return Report(name, label, first, results[0][1], [dict(c) for _, _, c in results], dict(spread),
+                  SUBJECTS[name].note)

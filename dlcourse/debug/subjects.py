@@ -11,7 +11,9 @@ bucketed, overlapped, torch DDP) with lesson 03's accumulating `train_step`, les
 context-parallel GPT with the tour's `cp_step`, and lesson 09's expert-parallel MoE GPT with its
 `ep_step` (its reference is the same MoE GPT in one process: a `Strategy` names its own), and
 lesson 04's TP GPT with dropout, whose one process draws, by construction, the masks its tp
-ranks draw between them (`parallel/tensor/dropout.py`, `one_process_dropout`).
+ranks draw between them (`parallel/tensor/dropout.py`, `one_process_dropout`). The
+tour's other rows (torch's DTensor TP, FSDP2 and pipelining, ZeRO with offload, interleaved 1F1B)
+are in `subjects_tour.py`, added to SUBJECTS at the end: every row of `dlcourse tour` has one.
 
     SUBJECTS["TP + SP (lesson 04)"].build(DebugConfig())   # on every rank of a 2-rank job
 """
@@ -68,6 +70,7 @@ class Subject:
     tp: tuple = (0, 1)  # (tp rank, tp size): an activation cut on dim 1 (SP) is this piece
     piece: object = None  # fn(reference activation) -> this rank's piece, or None: not comparable
     #                       (None here: the dp and tp rules above)
+    activations_from: int = 1  # the first step whose activations are compared (see Strategy.note)
 
 
 @dataclass
@@ -76,6 +79,8 @@ class Strategy:
     build: object  # fn(DebugConfig) -> Subject, on every rank
     reference: object = None  # fn(DebugConfig) -> the plain model it must equal (None: the GPT)
     loss: object = None  # fn(model, logits, targets) -> the reference's loss (None: lm_loss)
+    note: str = ""  # what the finder cannot compare for this strategy, and why; in its report
+    config: dict = field(default_factory=dict)  # DebugConfig fields it needs (a case without one)
 
 
 def grid_subject(plan, cfg):
@@ -84,7 +89,22 @@ def grid_subject(plan, cfg):
     clip = dict(max_grad_norm=cfg.max_grad_norm) if plan.zero_stage and cfg.max_grad_norm else {}
     trainer = combine(cfg.new_model(), plan, groups, lr=cfg.lr, **clip)
     return Subject(trainer.modules, trainer.optimizer, trainer.train_step, trainer.full_parameters,
-                   dp=(groups.coords["dp"], plan.grid.dp), tp=(groups.coords["tp"], plan.grid.tp))
+                   dp=(groups.coords["dp"], plan.grid.dp), tp=(groups.coords["tp"], plan.grid.tp),
+                   piece=grid_cp_piece(trainer, groups, cfg) if plan.grid.cp > 1 else None)
+
+
+def grid_cp_piece(trainer, groups, cfg):
+    """cp > 1 on a grid (tp = 1: `GridPlan` refuses SP with cp): fn(reference activation) ->
+    this rank's piece: its dp rows of the batch, then its cp tokens (`cp_layout`, as lesson 08's
+    `cp_subject`); the positions (s, h) have only the tokens. None: not comparable."""
+    (dp_rank, dp), cp_rank = (groups.coords["dp"], trainer.plan.grid.dp), groups.coords["cp"]
+    s, layout = cfg.model.seq_len, trainer.cp_layout
+
+    def piece(ref):
+        if ref.dim() > 2 and ref.size(0) == cfg.global_batch and ref.size(1) == s:
+            return layout.shard(ref.tensor_split(dp)[dp_rank], cp_rank, dim=1)
+        return layout.shard(ref, cp_rank, dim=0) if ref.size(0) == s else None
+    return piece
 
 
 def dp_subject(variant, cfg):
@@ -208,3 +228,9 @@ SUBJECTS = {
                                              loss=moe_loss),
     "TP + dropout (lesson 04)": Strategy(2, tp_dropout_subject, reference=tp_dropout_reference),
 }
+
+# The tour rows built outside lesson 07's combine (DTensor TP, FSDP2, ZeRO offload, torch's
+# pipelining, interleaved 1F1B): imported last, as they build on Subject and Strategy above.
+from dlcourse.debug.subjects_tour import TOUR_SUBJECTS  # noqa: E402
+
+SUBJECTS.update(TOUR_SUBJECTS)
