@@ -93,7 +93,8 @@ def format_plan(p, top=8, out=None):
     simplicity; then the recommendation, or why nothing fits."""
     gpu = p.cluster.gpu
     head = (f"{p.work.model.name}, {p.work.batch_tokens:,} tokens a step of {p.work.seq_len} "
-            f"tokens each, on {p.cluster.n_gpus} x {gpu.name} ({gpu.memory / 1e9:.0f} GB, "
+            f"tokens each, on {p.cluster.n_gpus} x {gpu.name} ({gpu.memory / 2 ** 30:.1f} GiB = "
+            f"{gpu.memory / 1e9:.1f} GB, "
             f"${gpu.price:g}/GPU-hour)")
     if not p.ranked:
         least = p.smallest
