@@ -20,3 +20,14 @@ def refusing_debugging(namespaces=()):
 def debugging_guard_for(fn):
     """`call_in_process(guard=...)`: the answers refused, the student's globals included."""
     return DEBUGGING.in_process(fn)
+
+
+# The fifth exercise's answer more: lesson 06's exchange of the tied embedding's gradients, and
+# the helper that finds its two copies (`dlcourse.parallel.pipeline.stages`).
+TIED_ANSWERS = DEBUGGING.but(single=(("dlcourse.parallel.pipeline.stages", "sync_tied_grads"),
+                                     ("dlcourse.parallel.pipeline.stages", "tied_ends")))
+
+
+def refusing_tied():
+    """`run_on_ranks(guard=...)` for `check_sync_tied_grads`: the answers above refused too."""
+    return TIED_ANSWERS.refusing()
