@@ -92,7 +92,8 @@ def test_fixes_pass(answer, capsys):
 
 
 @pytest.mark.parametrize("answer, says, hint", [
-    (parameter_sent_across, "step 1: gradient of tok_emb.weight", "making the copies' values equal"),
+    (parameter_sent_across, "step 1: gradient of tok_emb.weight",
+     "making the copies' values equal"),
     (first_copy_only, "step 2: ", "the last stage's copy (lm_head.weight) learnt otherwise"),
 ])
 def test_wrong_fixes_fail(answer, says, hint):
