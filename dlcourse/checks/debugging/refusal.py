@@ -3,7 +3,8 @@
 `dlcourse.debug` (the divergence finder and `compare_trace`, the hang finder, `CommTrace`, the
 catalogue's runs; classes through constructors and methods), lesson 04's one all-reduce of
 sequence parallelism's partial gradients (`dlcourse.parallel.tensor.grads`, the fix of the third
-exercise), and these checks' own code (the references in `reference.py`, the recorded runs).
+exercise), and these checks' own code (the references in `reference.py`, the recorded runs);
+for the fifth exercise lesson 06's `sync_tied_grads` too (`TIED_ANSWERS`).
 """
 
 from dlcourse.checks.core.answers import Answers
