@@ -3,7 +3,8 @@
 `dlcourse.debug` (the divergence finder and `compare_trace`, the hang finder, `CommTrace`, the
 catalogue's runs; classes through constructors and methods), lesson 04's one all-reduce of
 sequence parallelism's partial gradients (`dlcourse.parallel.tensor.grads`, the fix of the third
-exercise), and these checks' own code (the references in `reference.py`, the recorded runs).
+exercise), and these checks' own code (the references in `reference.py`, the recorded runs);
+for the fifth exercise lesson 06's `sync_tied_grads` too (`TIED_ANSWERS`).
 """
 
 from dlcourse.checks.core.answers import Answers
@@ -20,3 +21,14 @@ def refusing_debugging(namespaces=()):
 def debugging_guard_for(fn):
     """`call_in_process(guard=...)`: the answers refused, the student's globals included."""
     return DEBUGGING.in_process(fn)
+
+
+# The fifth exercise's answer more: lesson 06's exchange of the tied embedding's gradients, and
+# the helper that finds its two copies (`dlcourse.parallel.pipeline.stages`).
+TIED_ANSWERS = DEBUGGING.but(single=(("dlcourse.parallel.pipeline.stages", "sync_tied_grads"),
+                                     ("dlcourse.parallel.pipeline.stages", "tied_ends")))
+
+
+def refusing_tied():
+    """`run_on_ranks(guard=...)` for `check_sync_tied_grads`: the answers above refused too."""
+    return TIED_ANSWERS.refusing()

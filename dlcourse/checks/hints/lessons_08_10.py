@@ -159,3 +159,33 @@ HINTS.update({
         "nothing hard-coded about the number of ranks",
     ),
 })
+
+HINTS.update({
+    # ------------------------------------------------ lesson 10: naming the bug, fixing it
+    "name_the_bug": (
+        "first where, then what: the earliest place over every rank's traces, then what the gap "
+        "there looks like",
+        "your first_divergence on each rank's (reference, parallel); keep the earliest in the "
+        "traces' order (step, then phase, then name): a bug may show on one rank first",
+        "where it parts says what broke: the parameters before step 1 (the start), an "
+        "activation (the forward), a gradient (backward or a reduction); read each candidate's "
+        "CATALOGUE[key].breaks, or run find_divergence(strategy, bug=key) in a cell of its own",
+        "two candidates of one strategy can part at the same place: then look at the tensors "
+        "there; do the ranks agree? is parallel / reference one constant at every element, or "
+        "no multiple at all? Give each candidate the look its mechanism predicts, and return "
+        "the candidate whose look this run has",
+    ),
+    "sync_tied_grads": (
+        "which two ranks hold a copy of the tied matrix, and what must each copy's gradient be "
+        "before the step?",
+        "the first stage (is_first) holds tok_emb.weight, the last (is_last) lm_head.weight: "
+        "each gradient holds only its own use; in one process the one matrix gets the sum of "
+        "both; every other rank holds neither",
+        "the last stage is group rank size - 1, not rank 1: ask `group` for its size, and "
+        "dist.get_global_rank(group, i) for the peer; a stage holding both ends adds them "
+        "itself; sending the parameter across makes the copies equal, not right",
+        "on the two end ranks: post an isend of your copy's gradient and an irecv of the other's "
+        "together (dist.batch_isend_irecv, so neither waits first), then add what came to your "
+        "gradient; the other ranks return at once",
+    ),
+})

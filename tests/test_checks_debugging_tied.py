@@ -1,0 +1,112 @@
+"""Lesson 10, exercise 5 (`dlcourse/checks/debugging/tied.py`): the fix of the catalogue's
+`pp_tied_embeddings_unsynced`, in lesson 06's 1F1B trainer on 2 and 3 stages, compared with one
+process, gradients and parameters, over 2 AdamW steps. The exchange posted together
+(batch_isend_irecv) and one in blocking send/recv, ordered by rank, both pass; sending the
+parameter across instead (the copies equal, the gradient still missing the output layer's part),
+a fix that knows only ranks 0 and 1, and one that completes the first stage's copy only fail with
+the hint that names the mistake; lesson 06's own exchange is refused."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from checking import first_line_and_hint
+from dlcourse.checks.debugging import check_sync_tied_grads
+
+
+def _ends(stages):
+    first = next((s.tok_emb.weight for s in stages if s.is_first), None)
+    last = next((s.lm_head.weight for s in stages if s.is_last), None)
+    return first, last
+
+
+def _peer(group, first):
+    return dist.get_global_rank(group, dist.get_world_size(group) - 1 if first is not None else 0)
+
+
+def sync_tied_grads(stages, group):  # both posted together
+    first, last = _ends(stages)
+    if first is None and last is None:
+        return
+    mine = first if first is not None else last
+    theirs = torch.empty_like(mine.grad)
+    peer = _peer(group, first)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine.grad, peer, group),
+                                        dist.P2POp(dist.irecv, theirs, peer, group)]):
+        work.wait()
+    mine.grad.add_(theirs)
+
+
+def blocking_in_rank_order(stages, group):  # the first stage sends first, the last receives first
+    first, last = _ends(stages)
+    if first is None and last is None:
+        return
+    mine = first if first is not None else last
+    theirs, peer = torch.empty_like(mine.grad), _peer(group, first)
+    if first is not None:
+        dist.send(mine.grad, peer, group=group)
+        dist.recv(theirs, peer, group=group)
+    else:
+        dist.recv(theirs, peer, group=group)
+        dist.send(mine.grad, peer, group=group)
+    mine.grad.add_(theirs)
+
+
+def parameter_sent_across(stages, group):  # the copies made equal: the symptom hidden
+    first, last = _ends(stages)
+    mine = first if first is not None else last
+    if mine is None:
+        mine = torch.empty(32, 16, dtype=torch.float64)  # the check's GPT: V = 32, h = 16
+    dist.broadcast(mine.data, src=dist.get_global_rank(group, 0), group=group)
+
+
+def for_two_ranks_only(stages, group):  # the other end is "the other rank"
+    rank = dist.get_rank(group)
+    mine = stages[0].tok_emb.weight if rank == 0 else stages[-1].lm_head.weight
+    theirs = torch.empty_like(mine.grad)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine.grad, 1 - rank, group),
+                                        dist.P2POp(dist.irecv, theirs, 1 - rank, group)]):
+        work.wait()
+    mine.grad.add_(theirs)
+
+
+def first_copy_only(stages, group):  # the last stage sends, and keeps its own gradient
+    first, last = _ends(stages)
+    if first is not None:
+        theirs = torch.empty_like(first.grad)
+        dist.recv(theirs, _peer(group, first), group=group)
+        first.grad.add_(theirs)
+    elif last is not None:
+        dist.send(last.grad, _peer(group, None), group=group)
+
+
+def with_the_lesson(stages, group):
+    from dlcourse.parallel.pipeline import sync_tied_grads as lessons
+    lessons(stages, group)
+
+
+@pytest.mark.parametrize("answer", [sync_tied_grads, blocking_in_rank_order])
+def test_fixes_pass(answer, capsys):
+    check_sync_tied_grads(answer)
+    assert "sync_tied_grads: passed on" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, says, hint", [
+    (parameter_sent_across, "step 1: gradient of tok_emb.weight",
+     "making the copies' values equal"),
+    (first_copy_only, "step 2: ", "the last stage's copy (lm_head.weight) learnt otherwise"),
+])
+def test_wrong_fixes_fail(answer, says, hint):
+    first, got_hint = first_line_and_hint(check_sync_tied_grads, answer)
+    assert first.startswith("sync_tied_grads on ") and says in first, first
+    assert hint in got_hint, got_hint
+
+
+def test_a_fix_for_two_ranks_only_fails_on_three():
+    first, _ = first_line_and_hint(check_sync_tied_grads, for_two_ranks_only)
+    assert first.startswith("sync_tied_grads on 3 pipeline stages"), first
+
+
+def test_the_lessons_exchange_is_refused():
+    first, _ = first_line_and_hint(check_sync_tied_grads, with_the_lesson)
+    assert "called sync_tied_grads from dlcourse.parallel.pipeline.stages" in first, first
