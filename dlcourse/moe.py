@@ -11,7 +11,8 @@ Fedus et al. 2021). One forward, N tokens of width h:
     keep_mask        capacity (optional): which (token, choice) assignments an expert accepts
     permute          the kept assignments sorted by expert, stably: (M,) indices, counts (E,)
     Experts          E MLPs as stacked weights, run on the sorted tokens: a loop over experts,
-                     or one grouped GEMM (`F.grouped_mm`: float32, bf16, fp16; no float64)
+                     or one grouped GEMM (`F.grouped_mm`: float32, bf16, fp16; no float64),
+                     each expert's rows padded to a multiple of 8 (`pad_groups`)
     combine          the expert outputs, times their weights, added back at their tokens
     load_balance_loss  Switch's auxiliary loss E · Σ_e f_e · P_e
 
@@ -106,6 +107,27 @@ def load_balance_loss(probs, batch_counts):
     return n_experts * (f * probs.mean(dim=0)).sum()
 
 
+GROUP_ROWS = 8  # rows per group a multiple of this (and at least this): 16 bytes of bf16
+
+
+def pad_groups(counts, align=GROUP_ROWS):
+    """counts (n,) rows per group -> (padded (n,), rows (M,)): each group grown with zero rows
+    to a multiple of `align`, at least `align`, and the place of every real row in that padded
+    layout. Why: torch 2.13 takes groups of any size on the CPU and in its CUDA fallback (a loop
+    of mm: float32, fp16, or GPUs other than sm90/sm100), but its bf16 CUTLASS kernel checks
+    the groups with device-side asserts (`prepare_grouped_gemm_data`, GroupMMCommon.cuh): no
+    empty group in the 2-D x 2-D product of the weight gradient unless its operands have one
+    layout, and in some layouts every group a multiple of 16 bytes; torch 2.8 asserted a
+    multiple of 8 rows for every group. A failed device assert ends the process's CUDA context.
+    torchtitan pads every expert's rows to a multiple of 8, at least 8; so does this. The zero
+    rows add nothing to any weight's gradient and their outputs are dropped."""
+    padded = (counts.clamp(min=1) + align - 1) // align * align  # (n,)
+    group = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
+    first = (counts.cumsum(0) - counts)[group]  # (M,) first row of each row's group, unpadded
+    start = (padded.cumsum(0) - padded)[group]  # (M,) the same, padded
+    return padded, start + torch.arange(group.numel(), device=counts.device) - first
+
+
 class GroupedLinear(nn.Module):
     """n Linear layers held as one (n, d_out, d_in) weight; rows of x grouped by layer:
     forward(x (M, d_in), counts (n,)) -> (M, d_out), the first counts[0] rows through layer 0..."""
@@ -129,8 +151,11 @@ class GroupedLinear(nn.Module):
         if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"grouped_mm takes float32, bfloat16 or float16, got {x.dtype}; "
                              "use the loop (grouped_mm=False) for float64")
-        offs = counts.cumsum(0).to(torch.int32)  # end row of each group
-        y = gmm(x, self.weight.transpose(-2, -1), offs=offs)  # (M, d_out); no bias on CPU
+        padded, rows = pad_groups(counts)  # (n,) sizes, (M,) where each row goes
+        xp = x.new_zeros(int(padded.sum()), x.size(1)).index_copy(0, rows, x)  # (P, d_in)
+        offs = padded.cumsum(0).to(torch.int32)  # end row of each padded group
+        y = gmm(xp, self.weight.transpose(-2, -1), offs=offs)[rows]  # (M, d_out); zero rows gone
+        # torch refuses a bias in grouped_mm ("Bias not supported yet", 2.13): add it here
         return y if self.bias is None else y + self.bias.repeat_interleave(counts, dim=0)
 
     def narrow(self, start, n):

@@ -98,11 +98,10 @@ def loop_and_grouped(device, dtype):
         for p in experts.parameters():
             p.copy_(0.2 * torch.randn(p.shape, generator=gen))
     experts.to(device, dtype)
-    # groups of a multiple of 8 rows, as torchtitan pads them for torch._grouped_mm
-    # (`indices_padding_wrapper`, TOKEN_GROUP_ALIGN_SIZE_M = 8); and an expert with no rows,
-    # which real routing makes and the lesson's layer hands to the kernel as it is (torchtitan
-    # pads every group to 8 rows at least: if CUDA's kernel refuses an empty group, this fails)
-    counts = torch.tensor([8, 0, 16, 8], device=device)
+    # groups as routing makes them: sizes not a multiple of 8 and an expert with no rows;
+    # `GroupedLinear` pads each to a multiple of 8 rows, at least 8, before torch's kernel
+    # (`moe.pad_groups`, torchtitan's rule), so CUDA's device-side checks never see them
+    counts = torch.tensor([5, 0, 19, 8], device=device)
     x = torch.randn(32, 16, generator=gen).to(device, dtype).requires_grad_()
     grad = torch.randn(32, 16, generator=gen).to(device, dtype)
     results = []

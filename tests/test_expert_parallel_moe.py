@@ -222,3 +222,35 @@ def test_grouped_gemm_on_widths_it_cannot_take_is_refused_before_ranks_start():
     with pytest.raises(ValueError, match=r"unknown all_to_all 'nccl'"):
         check_ep(CFG, 2, all_to_all="nccl")
     check_ep(CFG, 2, all_to_all="torch", grouped_mm=True)
+
+
+def test_pad_groups_puts_every_row_in_its_groups_padded_block_in_order():
+    from dlcourse.moe import pad_groups
+    counts = torch.tensor([5, 0, 9, 8, 1])
+    padded, rows = pad_groups(counts)
+    assert padded.tolist() == [8, 8, 16, 8, 8]  # a multiple of 8, at least 8 (empty: 8 zero rows)
+    ends = padded.cumsum(0)
+    for e, piece in enumerate(rows.split(counts.tolist())):  # rows of group e, in order
+        start = int(ends[e] - padded[e])
+        assert piece.tolist() == list(range(start, start + int(counts[e])))
+
+
+def test_grouped_gemm_gets_groups_of_a_multiple_of_8_rows_and_none_empty(monkeypatch):
+    # torchtitan's rule for torch._grouped_mm on CUDA (bf16: 16 bytes = 8 rows), which a CPU
+    # run cannot trip: record the offsets the library hands to torch's grouped GEMM.
+    real, seen = F.grouped_mm, []
+
+    def recording(a, b, *, offs=None, **kw):
+        seen.append(offs.clone())
+        return real(a, b, offs=offs, **kw)
+
+    monkeypatch.setattr(F, "grouped_mm", recording)
+    experts = Experts(4, 16, 64, grouped_mm=True)
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    counts = torch.tensor([5, 0, 9, 2])
+    experts(torch.randn(16, 16), counts).sum().backward()
+    assert len(seen) == 2  # fc and proj
+    for offs in seen:
+        sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+        assert (sizes % 8 == 0).all() and (sizes >= 8).all(), sizes.tolist()
