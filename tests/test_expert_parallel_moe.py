@@ -200,6 +200,8 @@ def test_tp_of_the_dense_mlp_moves_one_ring_all_reduce_of_lesson_04s_count(tp):
     assert tp_mlp_bytes(CFG, 2, tp) == CommRecord(op, elements * 4, tp).bus_bytes()
     ep_bytes = 2 * all_to_all_formula(CFG, 2, tp)  # dispatch + combine, forward
     assert ep_bytes == pytest.approx(CFG.top_k * tp_mlp_bytes(CFG, 2, tp))
+    # one batch of 2·tp sequences over tp ranks: every TP rank holds all of it, an EP rank 2
+    assert ep_bytes == pytest.approx(CFG.top_k / tp * tp_mlp_bytes(CFG, 2 * tp, tp))
 
 
 def test_routing_history_counts_every_assignment_once_per_step():

@@ -43,8 +43,9 @@ def all_to_all(x, out_splits, in_splits, group):
 def torch_all_to_all(x, out_splits, in_splits, group):
     """`all_to_all` with torch's functional collective, whose autograd formula (torch 2.13:
     `_functional_collectives.all_to_all_single_backward`) is the all-to-all with the splits
-    swapped. In torch 2.13 `all_to_all_single_autograd` is the same function as
-    `all_to_all_single`; the older name works from torch 2.3 on."""
+    swapped. In torch 2.13 `all_to_all_single_autograd` is a wrapper that calls
+    `all_to_all_single`, whose op now carries that formula; neither has a public name (the
+    public `torch.distributed.nn.functional.all_to_all_single` is deprecated in their favour)."""
     return funcol.all_to_all_single_autograd(x, out_splits, in_splits, group)
 
 

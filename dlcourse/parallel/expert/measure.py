@@ -132,8 +132,11 @@ def all_to_all_time(config, batch, ep, alpha, beta, itemsize=4):
 
 def tp_mlp_bytes(config, batch, tp, itemsize=4):
     """Bytes one rank sends for the dense MLP under Megatron TP (lesson 04), forward or
-    backward: one ring all-reduce of the b·s·h activations, 2·(tp-1)/tp of them. Against EP's
-    two all-to-alls each way, 2·k·(ep-1)/ep: k times as much at tp = ep."""
+    backward: one ring all-reduce of the b·s·h activations, 2·(tp-1)/tp of them, b the
+    sequences this rank holds. Against EP's two all-to-alls each way, 2·k·(ep-1)/ep of its own
+    b·s·h: k times as much at tp = ep with the same b on every rank; but a TP group's ranks all
+    hold the same sequences, so for one batch over the same ranks TP's b is ep times EP's and
+    EP sends k/ep of TP's bytes."""
     return 2 * (tp - 1) / tp * batch * config.seq_len * config.hidden * itemsize
 
 
