@@ -43,7 +43,10 @@ import torch.nn.functional as F
 
 def route(logits, k):
     """Router logits (N, E) -> probs (N, E), weights (N, k) renormalised to sum to 1 over the k
-    chosen, experts (N, k) int64, slot 0 the most likely."""
+    chosen, experts (N, k) int64, slot 0 the most likely. Renormalised as Mixtral (softmax over
+    the top-k logits) and GShard's top-2; with k = 1 the weight is p/p = 1, so the language-model
+    loss sends the router no gradient through it (Switch multiplies by p itself): a top-1 router
+    here learns from the load-balance loss only."""
     probs = F.softmax(logits, dim=-1)
     top, experts = probs.topk(k, dim=-1)  # (N, k) each, descending
     return probs, top / top.sum(dim=-1, keepdim=True), experts
