@@ -5,6 +5,8 @@ function of its inputs.
     plot_causal_work(work, seconds)            each rank's causal scores, counted and timed
     plot_ring_steps(steps)                     whose K/V each rank holds at each ring step, and
                                                how much of that block it computes
+    plot_ring_overlap(block_lens, machines)    one ring step's compute against its message, by
+                                               block length: where the ring hides its messages
     plot_activation_bytes(seq_lens, curves)    activation bytes per rank against the sequence length
 """
 
@@ -106,5 +108,26 @@ def plot_ring_steps(steps):
         ax.set_xlabel("ring step (K/V move one rank right)")
         ax.set_ylabel("rank (its queries stay)")
         ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ring_overlap(block_lens, machines):
+    """machines: {name: (compute seconds per block length, message seconds per block length,
+    the shortest block that hides its message)}; log-log. Per machine, a solid line for the
+    compute (grows as c²), a dashed one for the message (alpha + c·bytes·beta), and a dotted
+    vertical line where the first overtakes the second."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=DPI)
+    for k, (name, (compute, message, shortest)) in enumerate(machines.items()):
+        ax.plot(block_lens, compute, "-", color=f"C{k}", label=f"{name}: compute")
+        ax.plot(block_lens, message, "--", color=f"C{k}", label=f"{name}: K/V message")
+        ax.axvline(shortest, color=f"C{k}", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("block length c (tokens per rank)")
+    ax.set_ylabel("seconds per ring step")
+    ax.set_title("one forward ring step, no mask: the message hides right of the dotted line",
+                 fontsize=10)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
