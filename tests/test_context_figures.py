@@ -5,7 +5,8 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
 from dlcourse.parallel.context import Layout, causal_work
-from dlcourse.plots.context import plot_activation_bytes, plot_causal_work, plot_score_blocks
+from dlcourse.plots.context import (plot_activation_bytes, plot_causal_work, plot_ring_overlap,
+                                   plot_ring_steps, plot_score_blocks)
 
 
 def causal_owners(layout):
@@ -39,4 +40,32 @@ def test_causal_work_bars_are_the_values_per_rank_and_activation_curves_the_poin
     lines = fig.axes[0].get_lines()
     assert [list(line.get_ydata()) for line in lines] == [[1, 2], [0.5, 1]]  # GiB
     assert fig.axes[0].get_title() and fig.axes[0].get_ylabel() == "activation GiB per rank"
+    plt.close(fig)
+
+
+def test_ring_steps_colour_each_cell_by_whose_kv_and_shade_it_by_the_share_computed():
+    cp = 3
+    grid = [[((r - j) % cp, 1.0 if j == 0 else 0.5 * (r % 2)) for j in range(cp)] for r in range(cp)]
+    fig = plot_ring_steps({"one": grid})
+    ax = fig.axes[0]
+    boxes = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert len(boxes) == cp * cp
+    texts = sorted(t.get_text() for t in ax.texts)
+    assert texts == sorted(f"K/V {src}\n{share:g}" for row in grid for src, share in row)
+    alphas = sorted(round(b.get_alpha(), 6) for b in boxes)
+    assert alphas == sorted(round(0.15 + 0.65 * share, 6) for row in grid for _, share in row)
+    assert ax.get_title() == "one" and ax.get_xlabel() and ax.get_ylabel()
+    plt.close(fig)
+
+
+def test_ring_overlap_draws_compute_and_message_per_machine_and_marks_the_crossing():
+    lens = [64, 128, 256]
+    machines = {"cpu": ([1, 4, 16], [2, 3, 5], 150), "gpu": ([0.1, 0.4, 1.6], [1, 1, 1], 256)}
+    fig = plot_ring_overlap(lens, machines)
+    ax = fig.axes[0]
+    lines = ax.get_lines()  # per machine: compute, message, the vertical line
+    assert [list(line.get_ydata()) for line in lines[0::3]] == [[1, 4, 16], [0.1, 0.4, 1.6]]
+    assert [list(line.get_ydata()) for line in lines[1::3]] == [[2, 3, 5], [1, 1, 1]]
+    assert [line.get_xdata()[0] for line in lines[2::3]] == [150, 256]
+    assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
     plt.close(fig)

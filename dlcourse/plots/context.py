@@ -3,6 +3,10 @@ function of its inputs.
 
     plot_score_blocks(owners)                  the s x s scores in chunk blocks: who computes which
     plot_causal_work(work, seconds)            each rank's causal scores, counted and timed
+    plot_ring_steps(steps)                     whose K/V each rank holds at each ring step, and
+                                               how much of that block it computes
+    plot_ring_overlap(block_lens, machines)    one ring step's compute against its message, by
+                                               block length: where the ring hides its messages
     plot_activation_bytes(seq_lens, curves)    activation bytes per rank against the sequence length
 """
 
@@ -78,5 +82,52 @@ def plot_activation_bytes(seq_lens, curves, budget=None):
     ax.set_ylabel("activation GiB per rank")
     ax.set_title("saved activations per rank against sequence length", fontsize=10)
     ax.legend(fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ring_steps(steps):
+    """steps: {title: (cp, cp) nested list, steps[r][j] = (src, share): at ring step j rank r holds
+    rank src's K/V and computes `share` of that block's scores (1 whole, 0.5 half, 0 skipped).
+    One panel each: ranks down, steps across; a cell coloured by whose K/V it is, shaded by the
+    share computed, the share written in it. A ring step ends when its busiest rank ends."""
+    fig, axes = plt.subplots(1, len(steps), figsize=(4.4 * len(steps), 3.4), dpi=DPI,
+                             squeeze=False)
+    for ax, (title, grid) in zip(axes[0], steps.items()):
+        cp = len(grid)
+        for r, row in enumerate(grid):
+            for j, (src, share) in enumerate(row):
+                ax.add_patch(Rectangle((j, cp - 1 - r), 1, 1, fc=rank_colour(src), ec="black",
+                                       alpha=0.15 + 0.65 * share))
+                ax.text(j + 0.5, cp - 0.5 - r, f"K/V {src}\n{share:g}", ha="center", va="center",
+                        fontsize=8)
+        ax.set_xlim(0, cp)
+        ax.set_ylim(0, cp)
+        ax.set_xticks([j + 0.5 for j in range(cp)], [str(j) for j in range(cp)])
+        ax.set_yticks([cp - 0.5 - r for r in range(cp)], [f"rank {r}" for r in range(cp)])
+        ax.set_xlabel("ring step (K/V move one rank right)")
+        ax.set_ylabel("rank (its queries stay)")
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ring_overlap(block_lens, machines):
+    """machines: {name: (compute seconds per block length, message seconds per block length,
+    the shortest block that hides its message)}; log-log. Per machine, a solid line for the
+    compute (grows as c²), a dashed one for the message (alpha + c·bytes·beta), and a dotted
+    vertical line where the first overtakes the second."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=DPI)
+    for k, (name, (compute, message, shortest)) in enumerate(machines.items()):
+        ax.plot(block_lens, compute, "-", color=f"C{k}", label=f"{name}: compute")
+        ax.plot(block_lens, message, "--", color=f"C{k}", label=f"{name}: K/V message")
+        ax.axvline(shortest, color=f"C{k}", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("block length c (tokens per rank)")
+    ax.set_ylabel("seconds per ring step")
+    ax.set_title("one forward ring step, no mask: the message hides right of the dotted line",
+                 fontsize=10)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -1,14 +1,20 @@
-"""Keys and values by all-gather (lesson 08, `lessons/08_context_parallel.ipynb`): the ring's
-alternative that torch's experimental `context_parallel` uses by default (torch 2.13,
-`torch/distributed/tensor/experimental/_context_parallel/_attention.py`: `_cp_options.rotate_method`
-is `_RotateMethod.ALL_GATHER`, whose `_AllGatherRotater` gathers the K/V shards once).
+"""Keys and values by all-gather (lesson 08, `lessons/08_context_parallel.ipynb`), the ring's
+alternative.
 
-Every rank all-gathers K and V (one collective of 2·b·s·h values, the ring's bytes), then
-attends its s/cp queries to all s keys at once. Memory against overlap: the whole K and V sit on
-every rank (2·b·s·h values saved for backward, where the ring keeps only its own 2·b·s·h/cp), and
-no compute can start on a remote block before the gather ends (torch computes the local block
-first, then waits). Backward: the gradient of an all-gather is a reduce-scatter; dK and dV of each
-rank's tokens are summed over the ranks whose queries saw them.
+Every rank all-gathers K and V (one collective of 2·b·s·h values, the ring's forward bytes), then
+attends its s/cp queries to all s keys at once, and saves the gathered K and V for backward.
+Backward: the gradient of an all-gather is a reduce-scatter; dK and dV of each rank's tokens are
+summed over the ranks whose queries saw them. Two passes over K/V-sized messages where the ring
+makes three (the ring sends K/V again in backward), bought with memory: the whole K and V sit on
+every rank (2·b·s·h values saved, where the ring keeps only its own 2·b·s·h/cp), and no compute
+can start on a remote block before the gather ends.
+
+Torch's experimental `context_parallel` also gathers by default (torch 2.13,
+`torch/distributed/tensor/experimental/_context_parallel/_attention.py`: `_cp_options.rotate_method`
+is `_RotateMethod.ALL_GATHER`), but chooses memory over bytes: its `_AllGatherRotater` gathers
+once per pass, attends to the local block while the gather runs and drops the gathered buffer
+after the forward; its backward gathers K/V again and passes the dK/dV accumulators around the
+ring (`_templated_ring_attention_backward`, an `_AllToAllRotater`), not a reduce-scatter.
 """
 
 import torch

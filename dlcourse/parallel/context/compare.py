@@ -75,7 +75,8 @@ def time_attention(group, variants=("ring", "allgather", *ONE_PROCESS), batch=1,
 def causal_compute_seconds(layout, rank, batch=1, heads=4, head_dim=64, repeats=3):
     """Median seconds of the forward compute rank `rank` does under a causal mask in `layout`:
     its query chunks against every key chunk they may see (the pairs ring attention computes),
-    with no communication. Run on every rank at once: contiguous grows with the rank, zig-zag
+    with no communication, so the ranks' shares can be timed one after another in one process
+    (lesson 08 does, so they do not compete for cores): contiguous grows with the rank, zig-zag
     is level (`layout.causal_work` counts the pairs)."""
     gen = torch.Generator().manual_seed(rank)
     c, n = layout.chunk_len, layout.n_chunks

@@ -7,8 +7,10 @@ into all s tokens for a/cp heads; attention runs on whole sequences for those he
 (`blockwise.block_attention`, no s x s matrix kept); one all-to-all turns the output back into
 s/cp tokens of every head. Four all-to-alls forward (q, k, v, out), each moving b·s·h/cp values
 per rank (all but 1/cp of them to other ranks), and four backward, each the reverse of one.
-Its limit: the heads are what is split, so cp must divide a (with grouped-query attention the
-key/value heads too, which the course GPT does not have).
+Its limit: the heads are what is split, so cp must divide a, the query heads. With grouped-query
+attention (fewer K/V heads than query heads, which the course GPT does not have) the K/V heads are
+split too; where cp exceeds them, each K/V head is repeated cp / h_kv times before the all-to-all
+(verl, `verl/models/transformers/monkey_patch.py`), so the K/V all-to-alls carry copies.
 """
 
 import torch
