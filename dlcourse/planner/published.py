@@ -25,7 +25,9 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   and with full recomputation (70B). WPS is tokens per second per GPU (its MFU column checks
   it: 2,162 x 6Ψ-and-attention FLOPs = 61% of 312 TFLOPS). The network is not stated: one
   200 Gb/s port per GPU, as on DGX A100, is assumed. Its SwiGLU is plain PyTorch
-  (torchtitan/models/llama/model.py at 395a526: w2(F.silu(w1(x)) * w3(x))): mlp "eager".
+  (torchtitan/models/llama/model.py at 395a526: w2(F.silu(w1(x)) * w3(x))): mlp "eager";
+  its model returns output(h).float() and train.py keeps that `pred` through loss.backward():
+  loss "fp32 eager, pred kept" (`transients.py`).
 - BigScience BLOOM-176B, bigscience-workshop/bigscience, train/tr11-176B-ml: tr11-176B-ml.slurm
   (TP 4, PP 12, micro-batch 2, global batch 2,048 of 2,048 tokens, 70 layers of 14,336 with
   112 heads, vocabulary padded to 250,880, ALiBi, tied embeddings, --checkpoint-activations,
@@ -133,7 +135,8 @@ def _korthikanti(heads, hidden, layers, pp, gpus, batch, micro, v, seconds, sele
 def _torchtitan(name, local_batch, recompute, wps):
     spec = REAL_MODELS[name]
     layout = Layout(64, 1, 1, zero_stage=3, micro_batch=local_batch, recompute=recompute)
-    work = Workload(spec, 4096, 64 * local_batch * 4096, attention="fused", mlp="eager")
+    work = Workload(spec, 4096, 64 * local_batch * 4096, attention="fused", mlp="eager",
+                    loss="fp32 eager, pred kept")
     return PublishedRun(f"{name} FSDP on 64", "torchtitan docs/performance.md", work,
                         Cluster(A100, 64), layout, "tokens/s/GPU", wps)
 
