@@ -34,7 +34,7 @@ modelled: the gradient temporaries of each op's backward (a few h-wide tensors),
 above what is allocated (`published.py` says what that leaves out of torchtitan's rows).
 """
 
-from dlcourse.planner.timing import layer_activations
+from dlcourse.planner.activations import layer_activation_bytes
 
 LOSS = ("in place", "fp32 eager", "fp32 eager, pred kept")
 LOSS_PEAK_BYTES = {"in place": 6, "fp32 eager": 12, "fp32 eager, pred kept": 16}  # a logit
@@ -59,10 +59,21 @@ def layer_transient(work, L, one_layer_params):
     """Bytes beyond what is kept while one layer's backward runs."""
     rebuilt = 0.0
     if L.recompute == "full":
-        rebuilt = layer_activations(work, L, "none") - layer_activations(work, L, "full")
+        rebuilt = rebuilt_layer_bytes(work.model, work.seq_len // L.cp, L.micro_batch, tp=L.tp,
+                                      sequence_parallel=L.sequence_parallel,
+                                      attention=work.attention, mlp=work.mlp)
     resharded = L.zero_stage == 3 and L.reshard
     in_flight = ZERO3_BACKWARD_BYTES * one_layer_params if resharded else 0
     return rebuilt + in_flight
+
+
+def rebuilt_layer_bytes(spec, seq_len, micro_batch, **settings):
+    """Bytes full recomputation rebuilds for one layer's backward: what the layer saves without
+    recomputation less its input, the checkpoint already kept (`layer_activation_bytes`'s
+    settings: tp, sequence_parallel, attention, mlp, bytes)."""
+    def saved(recompute):
+        return layer_activation_bytes(spec, seq_len, micro_batch, recompute=recompute, **settings)
+    return saved("none") - saved("full")
 
 
 def transient_bytes(work, L, one_layer_params, holds_loss):
