@@ -60,19 +60,36 @@ runs the norms, rotary and SwiGLU unfused (the compiled rows are 16% faster), wh
 planner's element-wise term (each saved tensor moved 3 times) does not count. The planner is
 faster than these rows by more than `TOLERANCE`.
 
-The same file states memory per GPU (GiB), which does not depend on the GPU's speed, but it
-is torchtitan's "max_reserved" (train.py at 9dec370 logs torch.cuda's reserved_bytes.all.peak:
-what the caching allocator held, not what tensors used), and no row can be checked within
-`MEMORY_TOLERANCE`. Tables 1 and 3 use the per-op checkpointing above (for Table 1's FSDP
-row the planner's "none" gives 104.9 GiB and "full" 26.8, against 82.4). The rows with full
-recomputation (Tables 2, 4, 5, 6: 72-85 GiB) all run torch.compile and Float8, and the
-planner (its memory for their layouts: 32-39 GiB) is about half of them. What it leaves out,
-largest first: torchtitan's loss (train.py: cross_entropy(pred.float()), not compiled) peaks
-in backward at 12 bytes a logit, the saved fp32 log-probabilities, their gradient and
-log_softmax's fp32 input gradient, where the planner counts the first 4 (Table 2's 32,768
-tokens x 128,256: 31 GiB more); the working set of the one layer recomputed in backward;
-FSDP's gathered parameters and fp32 gradients of the layers in flight; and the allocator's
-cache above what is allocated.
+The same file states memory per GPU (GiB): torchtitan's "max_reserved" (train.py at 9dec370
+logs torch.cuda's reserved_bytes.all.peak: what the caching allocator held, with
+expandable_segments on in run_llama_train.sh), not what tensors used. The planner's memory is
+the peak of what tensors use (`estimate.peak_memory`): it assumes reserved = allocated, so
+it can only be low, by the allocator's cache. No row comes within `MEMORY_TOLERANCE`, so none
+is listed. With every term the source code gives (loss "fp32 eager", `transients.py`), per row:
+- Table 2, Llama 3.1 8B, FSDP x CP = 8, full checkpointing, local batch 1, 32,768 tokens a GPU
+  (Float8 and compile: Table 1 reads 77.0 GiB compiled, 76.8 with Float8, and Table 3 62.0 and
+  61.8, so Float8 moves memory by 0.3%; compile is per block, the loss stays eager): the
+  planner 70.3 GiB for each of the four rows against 83.9, 84.2, 84.0 and 84.5 (-16%, -16%,
+  -16%, -17%). Its parts: model state 15.0 (16 bytes a parameter over 8), the 32 block
+  inputs 8.0, the loss at its backward 47.0 (12 bytes a logit x 4.2 G logits), the last block
+  unsharded 0.4. Left out, 13.6-14.2 GiB: what the allocator reserves beyond the peak it
+  allocates (were the freed bf16 logits too small a hole for log_softmax's fp32 gradient,
+  reserved peaks at 14 bytes a logit: +7.8 GiB; the planner cannot know the allocator's
+  placement) and the gradient temporaries of each op's backward; counted and not there: the
+  sharded fp32 gradients (3.7 GiB), which torchtitan's zero_grad frees before forward.
+- Table 4, Llama 3.1 70B, FSDP 32 x TP 8, local batch 16 at 8,192 tokens: 47.8 against 71.9
+  (-34%). Left out besides the above: torchtitan's loss runs tensor-parallel (loss_parallel,
+  DTensor's log_softmax and nll_loss over vocabulary shards), whose temporaries the planner
+  takes as the eager loss's 12 bytes a local logit, and AsyncTP's gathered inputs.
+- Table 5, Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, 1F1B, local batch 32 (8 micro-batches of 4:
+  torchtitan's default count, the pp degree, pipeline_llama.py): 41.5 against 82.5 (-50%),
+  with torchtitan's
+  reshard_after_forward=False under pipelining (the stage's bf16 parameters kept, 11.8 GiB,
+  counted). Left out: the stage's unsharded gradients accumulated over the micro-batches
+  before one reduce-scatter (about 11.8 GiB more in bf16), and the above. The interleaved row
+  and Table 6 (PP with CP) are not tried: their number of stages a rank is not stated.
+Tables 1 and 3 use torchtitan's per-op selective checkpointing (every second matmul of a
+layer kept, element-wise ops recomputed), which the planner cannot represent.
 """
 
 import functools
