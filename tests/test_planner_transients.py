@@ -4,7 +4,9 @@ The loss's bytes a logit at its peak are measured with lesson 01's `measure_peak
 profiler, every CPU allocation) on an output head alone: bf16 logits of N tokens x V classes
 from a width-h head. Besides the logits' tensors the step allocates the head's bf16 weight
 gradient (V x h x 2 bytes: 2h/N bytes a logit, 0.03 here) and the loss scalars: the
-tolerance, 0.05 bytes a logit, is that and no more.
+tolerance, 0.05 bytes a logit, is that and no more. Full recomputation's rebuilt layer is
+measured the same way on a checkpointed course GPT; FSDP2's buffers in flight are read from
+FSDP2's own state in a 2-rank gloo run.
 """
 
 import pytest
@@ -107,3 +109,71 @@ def test_full_recomputation_rebuilds_one_layer_at_a_time():
                                     stat_bytes=4)
     assert above[0] == above[1]
     assert above[0] == pytest.approx(predicted, rel=0.02)
+
+
+def _fsdp2_in_flight():
+    """One rank of a 2-rank FSDP2 course GPT (bf16 parameters, fp32 reduce-scatter: torchtitan's
+    MixedPrecisionPolicy): what FSDP2 holds, in bytes per parameter of one block, when the
+    gradient reaches block 1's attention output (its MLP's backward done): per block
+    (unsharded parameters, all-gather output not yet copied out, unsharded gradients), and the
+    reduce-scatter inputs it keeps."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=16, seq_len=8, n_layers=4, n_heads=4, hidden=64)
+    model = GPT(cfg)
+    layer = sum(p.numel() for p in model.blocks[0].parameters())
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    groups = [block._get_fsdp_state()._fsdp_param_group for block in model.blocks]
+    seen = {}
+
+    def per_param(tensors):
+        return sum(t.untyped_storage().nbytes() for t in tensors) / layer
+
+    def snapshot(_):
+        blocks = []
+        for g in groups:
+            grads = [fp._unsharded_param.grad for fp in g.fsdp_params
+                     if fp._unsharded_param.grad is not None]
+            gathered = g._all_gather_result
+            blocks.append((per_param(t for fp in g.fsdp_params for t in fp.all_gather_outputs),
+                           per_param([gathered.all_gather_output]) if gathered else 0.0,
+                           per_param(grads), {str(t.dtype) for t in grads}))
+        seen["blocks"] = blocks
+        seen["reduce_scatter"] = per_param(s.reduce_scatter_input
+                                           for s in groups[0].comm_ctx.reduce_scatter_states)
+
+    model.blocks[1].attn.register_forward_hook(lambda m, i, out: _hook(out, snapshot))
+    x, y = synthetic_tokens(2, cfg)
+    lm_loss(model(x), y).backward()
+    return seen
+
+
+def _hook(tensor, fn):
+    tensor.register_hook(fn)  # returns None: the forward hook leaves the output as it is
+
+
+def test_fsdp2_holds_two_layers_their_gradients_and_one_reduce_scatter_input_in_backward():
+    """torch 2.13's FSDP2 in backward (`transients.ZERO3_BACKWARD_BYTES`): the running block
+    unsharded (2 bytes a parameter in bf16), the next one prefetched (its all-gather output, 2),
+    the running block's bf16 gradients (2 once its backward ends; 2/3 of the block, the MLP, so
+    far), the block before's fp32 reduce-scatter input (4); nothing of the other blocks. The
+    shapes divide by 2 ranks: no padding, so the sizes are exact."""
+    import dlcourse
+    from dlcourse.planner.transients import ZERO3_BACKWARD_BYTES
+
+    seen = dlcourse.launch(_fsdp2_in_flight, world_size=2, backend="gloo")[0]
+    (u0, f0, g0, _), (u1, f1, g1, dtypes), *rest = seen["blocks"]
+    assert (u0, f0, g0) == (0.0, 2.0, 0.0)  # block 0: prefetched, not yet copied out
+    assert (u1, f1) == (2.0, 0.0) and 0 < g1 < 2 and dtypes == {"torch.bfloat16"}
+    assert all(b[:3] == (0.0, 0.0, 0.0) for b in rest)
+    assert seen["reduce_scatter"] == 4.0  # block 2's, fp32
+    assert u1 + f0 + 2 + seen["reduce_scatter"] == ZERO3_BACKWARD_BYTES

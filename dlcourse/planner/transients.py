@@ -3,10 +3,11 @@ of a step is `estimate.memory_per_gpu` (model state and the activations in fligh
 lessons 01 and 06 count) plus the largest of these transients, each from its source:
 
 - the loss (`Workload.loss`). "in place": Megatron-LM's vocab-parallel cross-entropy
-  (megatron/core/tensor_parallel/cross_entropy.py, called on `logits.float()`): the fp32
-  copy becomes the softmax it saves (4 bytes a logit, already counted as the activations'
-  log-probabilities), its backward writes the gradient into that same storage, and the cast
-  back to the bf16 logits' dtype adds 2: 6 bytes a logit at the peak. "fp32 eager":
+  (megatron/core/tensor_parallel/cross_entropy.py; megatron/model/gpt_model.py calls it on
+  output.float()): the fp32 copy becomes the softmax it saves (4 bytes a logit, already
+  counted as the activations' log-probabilities), its backward writes the gradient into that
+  same storage, and the cast back to the bf16 logits' dtype adds 2: 6 bytes a logit at the
+  peak. "fp32 eager":
   torchtitan's train.py (9dec370): cross_entropy(pred.flatten(0, 1).float(), ...) run by
   autograd, not compiled: nll_loss's backward allocates its fp32 gradient, log_softmax's
   backward another beside the saved log-probabilities: 12 bytes a logit. "fp32 eager, pred
@@ -20,7 +21,8 @@ lessons 01 and 06 count) plus the largest of these transients, each from its sou
   (`_backward_prefetch`, one group ahead), the running layer's bf16 gradients accumulate,
   and the previous layer's fp32 reduce-scatter input is kept until this layer's reduce-scatter
   starts (`reduce_scatter_states`, one buffer by default): 2 + 2 + 2 + 4 = 10 bytes a
-  parameter of one layer. At the loss the last layer is unsharded (torchtitan does not reshard
+  parameter of one layer (tests/test_planner_transients.py reads FSDP2's own buffers in a
+  2-rank run at a block's backward and finds exactly these). At the loss the last layer is unsharded (torchtitan does not reshard
   it after forward): 2 bytes a parameter of one layer. Without resharding after forward
   (`Layout.reshard` False, Llama 3's FSDP, which is Meta's own, not FSDP2) nothing is added:
   the gathered parameters are in the model state already, and Dubey et al. 2024 §3.3.2
