@@ -81,15 +81,13 @@ is listed. With every term the source code gives (loss "fp32 eager", `transients
   (-34%). Left out besides the above: torchtitan's loss runs tensor-parallel (loss_parallel,
   DTensor's log_softmax and nll_loss over vocabulary shards), whose temporaries the planner
   takes as the eager loss's 12 bytes a local logit, and AsyncTP's gathered inputs.
-- Table 5, Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, 1F1B, local batch 32 (8 micro-batches of 4:
-  torchtitan's default count, the pp degree, pipeline_llama.py): 41.5 against 82.5 (-50%),
-  with torchtitan's
-  reshard_after_forward=False under pipelining (the stage's bf16 parameters kept, 11.8 GiB,
-  counted). Left out: the stage's unsharded gradients accumulated over the micro-batches
-  before one reduce-scatter (about 11.8 GiB more in bf16), and the above. The interleaved row
-  and Table 6 (PP with CP) are not tried: their number of stages a rank is not stated.
-Tables 1 and 3 use torchtitan's per-op selective checkpointing (every second matmul of a
-layer kept, element-wise ops recomputed), which the planner cannot represent.
+- Table 5, Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, 1F1B, local batch 32 (8 micro-batches of 4,
+  the pp degree: torchtitan's default, pipeline_llama.py), reshard_after_forward=False under
+  pipelining (the stage's bf16 parameters kept, 11.8 GiB, counted): 41.5 against 82.5 (-50%).
+  Left out besides the above: unsharded gradients accumulated over the micro-batches, if the
+  schedule defers the reduce-scatter to the last one (11.8 GiB in bf16; not checked). The
+  interleaved row, Table 6 (stages a rank not stated) and Tables 1 and 3 (per-op
+  checkpointing, above) are not tried.
 """
 
 import functools
