@@ -13,6 +13,9 @@ has (`timing.py` for the time terms):
   micro-batches a stage holds at once, counted by lesson 06's `in_flight_peak` over its own
   schedules (1F1B's first stage holds p; interleaving holds p (1 + (p - 1)/(p v)): more, not
   less), plus the fp32 log-probabilities of the loss on the last stage, split over tp;
+- the peak (`peak_memory`, what `Estimate.memory` holds and `fits` checks): the above plus
+  the largest transient (`transients.py`): the loss's backward, the layer recomputed in
+  backward, ZeRO-3's unsharded layers and gradients in flight;
 - time: the matmuls at the GPU's sustained matmul rate (MAMF, roofline for thin ones) and the
   element-wise kernels at its memory bandwidth, stretched by the pipeline bubble (lesson 06's
   `bubble_formula`: the idle share of the step); plus what communication is not hidden (tp's
@@ -37,6 +40,7 @@ from dlcourse.memory.calculator import spec_params
 from dlcourse.parallel.pipeline.measure import bubble_formula, in_flight_peak
 from dlcourse.parallel.pipeline.schedules import Action, interleaved_1f1b, one_f_one_b
 
+from dlcourse.planner.transients import transient_bytes
 from dlcourse.planner.timing import (BYTES, cp_time, dp_time, elementwise_bytes,
                                      hardware_flops_per_token, layer_activations,
                                      model_flops_per_token, optimizer_time, pp_time,
@@ -48,7 +52,7 @@ HEADROOM = 0.1  # of nvidia-smi's total: the driver's share, CUDA context, buffe
 @dataclass
 class Estimate:
     layout: object
-    memory: float  # bytes on the busiest GPU
+    memory: float  # bytes on the busiest GPU at its peak (`peak_memory`)
     fits: bool
     step_time: float  # seconds per optimizer step
     compute_time: float  # ... of which matmuls and element-wise kernels, bubble included
@@ -133,6 +137,21 @@ def memory_per_gpu(work, layout):
     return _state_bytes(stage_params(spec, L), L) + activations_in_flight(work, L)
 
 
+def peak_memory(work, layout):
+    """Bytes on the busiest GPU at its peak: each candidate rank's model state and
+    activations in flight (`memory_per_gpu`) plus its largest transient (`transients.py`; the
+    loss's on the last rank only)."""
+    spec, L = work.model, layout
+    split, replicated = layer_params(spec)
+    one_layer = split / L.tp + replicated
+    peaks = []
+    for r in _candidate_ranks(L):
+        params = rank_params(spec, L, r) if L.light_ends else stage_params(spec, L)
+        kept = _state_bytes(params, L) + activations_in_flight(work, L, {r})
+        peaks.append(kept + transient_bytes(work, L, one_layer, holds_loss=r == L.pp - 1))
+    return max(peaks)
+
+
 def activations_in_flight(work, L, ranks=None):
     """The most activation bytes a pipeline rank holds at once: lesson 06's `in_flight_peak`
     over the rank's 1F1B (v = 1) or interleaved 1F1B action list, each (virtual) stage's
@@ -176,7 +195,7 @@ def in_flight_micro_batches(pp, micro_batches, interleave=1):
 def estimate(work, layout, cluster, headroom=HEADROOM):
     """An `Estimate` of `layout` training `work` on `cluster`."""
     spec, L, gpu = work.model, layout, cluster.gpu
-    memory = memory_per_gpu(work, L)
+    memory = peak_memory(work, L)
     n_params = stage_params(spec, L)
     tokens = work.batch_tokens / (L.replicas * L.pp)  # per GPU-row of the pipeline, per step
     flops = hardware_flops_per_token(spec, work.seq_len, L.recompute, work.attention)

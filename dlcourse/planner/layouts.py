@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from dlcourse.planner.activations import MLP
+from dlcourse.planner.transients import LOSS
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("fused", "eager")  # FlashAttention / SDPA's fused kernel, or the scores in memory
@@ -25,19 +26,25 @@ class Workload:
     "eager" (softmax(QK^T) materialised and saved, as lesson 01 measures it); and the SwiGLU
     MLP's kernel: "eager" (plain autograd, as torchtitan and lesson 01 run it: four ffn-wide
     tensors saved) or "fused" (Megatron-LM's, three; `activations.py`). GELU MLPs save the
-    same two tensors either way."""
+    same two tensors either way. The loss: "in place" (Megatron-LM's cross-entropy, 6 bytes a
+    logit at its peak), "fp32 eager" (torchtitan's cross_entropy(pred.float()), 12) or "fp32
+    eager, pred kept" (torchtitan's of April 2024, fp32 logits held through backward, 16;
+    `transients.py`)."""
 
     model: object  # ModelSpec
     seq_len: int
     batch_tokens: int  # tokens per optimizer step (global batch x seq_len)
     attention: str = "fused"  # "fused" or "eager"
     mlp: str = "eager"  # "eager" or "fused" (SwiGLU's kernel)
+    loss: str = "in place"  # the loss's kernel, by its peak: one of transients.LOSS
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
         if self.mlp not in MLP:
             raise ValueError(f"mlp must be one of {MLP}, got {self.mlp!r}")
+        if self.loss not in LOSS:
+            raise ValueError(f"loss must be one of {LOSS}, got {self.loss!r}")
 
     @property
     def sequences(self):

@@ -25,7 +25,9 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   and with full recomputation (70B). WPS is tokens per second per GPU (its MFU column checks
   it: 2,162 x 6Ψ-and-attention FLOPs = 61% of 312 TFLOPS). The network is not stated: one
   200 Gb/s port per GPU, as on DGX A100, is assumed. Its SwiGLU is plain PyTorch
-  (torchtitan/models/llama/model.py at 395a526: w2(F.silu(w1(x)) * w3(x))): mlp "eager".
+  (torchtitan/models/llama/model.py at 395a526: w2(F.silu(w1(x)) * w3(x))): mlp "eager";
+  its model returns output(h).float() and train.py keeps that `pred` through loss.backward():
+  loss "fp32 eager, pred kept" (`transients.py`).
 - BigScience BLOOM-176B, bigscience-workshop/bigscience, train/tr11-176B-ml: tr11-176B-ml.slurm
   (TP 4, PP 12, micro-batch 2, global batch 2,048 of 2,048 tokens, 70 layers of 14,336 with
   112 heads, vocabulary padded to 250,880, ALiBi, tied embeddings, --checkpoint-activations,
@@ -58,19 +60,34 @@ runs the norms, rotary and SwiGLU unfused (the compiled rows are 16% faster), wh
 planner's element-wise term (each saved tensor moved 3 times) does not count. The planner is
 faster than these rows by more than `TOLERANCE`.
 
-The same file states memory per GPU (GiB), which does not depend on the GPU's speed, but it
-is torchtitan's "max_reserved" (train.py at 9dec370 logs torch.cuda's reserved_bytes.all.peak:
-what the caching allocator held, not what tensors used), and no row can be checked within
-`MEMORY_TOLERANCE`. Tables 1 and 3 use the per-op checkpointing above (for Table 1's FSDP
-row the planner's "none" gives 104.9 GiB and "full" 26.8, against 82.4). The rows with full
-recomputation (Tables 2, 4, 5, 6: 72-85 GiB) all run torch.compile and Float8, and the
-planner (its memory for their layouts: 32-39 GiB) is about half of them. What it leaves out,
-largest first: torchtitan's loss (train.py: cross_entropy(pred.float()), not compiled) peaks
-in backward at 12 bytes a logit, the saved fp32 log-probabilities, their gradient and
-log_softmax's fp32 input gradient, where the planner counts the first 4 (Table 2's 32,768
-tokens x 128,256: 31 GiB more); the working set of the one layer recomputed in backward;
-FSDP's gathered parameters and fp32 gradients of the layers in flight; and the allocator's
-cache above what is allocated.
+The same file states memory per GPU (GiB): torchtitan's "max_reserved" (train.py at 9dec370
+logs torch.cuda's reserved_bytes.all.peak: what the caching allocator held, with
+expandable_segments on in run_llama_train.sh), not what tensors used. The planner's memory is
+the peak of what tensors use (`estimate.peak_memory`): it assumes reserved = allocated, so
+it can only be low, by the allocator's cache. No row comes within `MEMORY_TOLERANCE`, so none
+is listed. With every term the source code gives (loss "fp32 eager", `transients.py`), per row:
+- Table 2, Llama 3.1 8B, FSDP x CP = 8, full checkpointing, local batch 1, 32,768 tokens a GPU
+  (Float8 and compile: Table 1 reads 77.0 GiB compiled, 76.8 with Float8, and Table 3 62.0 and
+  61.8, so Float8 moves memory by 0.3%; compile is per block, the loss stays eager): the
+  planner 70.3 GiB for each of the four rows against 83.9, 84.2, 84.0 and 84.5 (-16%, -16%,
+  -16%, -17%). Its parts: model state 15.0 (16 bytes a parameter over 8), the 32 block
+  inputs 8.0, the loss at its backward 47.0 (12 bytes a logit x 4.2 G logits), the last block
+  unsharded 0.4. Left out, 13.6-14.2 GiB: what the allocator reserves beyond the peak it
+  allocates (were the freed bf16 logits too small a hole for log_softmax's fp32 gradient,
+  reserved peaks at 14 bytes a logit: +7.8 GiB; the planner cannot know the allocator's
+  placement) and the gradient temporaries of each op's backward; counted and not there: the
+  sharded fp32 gradients (3.7 GiB), which torchtitan's zero_grad frees before forward.
+- Table 4, Llama 3.1 70B, FSDP 32 x TP 8, local batch 16 at 8,192 tokens: 47.8 against 71.9
+  (-34%). Left out besides the above: torchtitan's loss runs tensor-parallel (loss_parallel,
+  DTensor's log_softmax and nll_loss over vocabulary shards), whose temporaries the planner
+  takes as the eager loss's 12 bytes a local logit, and AsyncTP's gathered inputs.
+- Table 5, Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, 1F1B, local batch 32 (8 micro-batches of 4,
+  the pp degree: torchtitan's default, pipeline_llama.py), reshard_after_forward=False under
+  pipelining (the stage's bf16 parameters kept, 11.8 GiB, counted): 41.5 against 82.5 (-50%).
+  Left out besides the above: unsharded gradients accumulated over the micro-batches, if the
+  schedule defers the reduce-scatter to the last one (11.8 GiB in bf16; not checked). The
+  interleaved row, Table 6 (stages a rank not stated) and Tables 1 and 3 (per-op
+  checkpointing, above) are not tried.
 """
 
 import functools
@@ -133,7 +150,8 @@ def _korthikanti(heads, hidden, layers, pp, gpus, batch, micro, v, seconds, sele
 def _torchtitan(name, local_batch, recompute, wps):
     spec = REAL_MODELS[name]
     layout = Layout(64, 1, 1, zero_stage=3, micro_batch=local_batch, recompute=recompute)
-    work = Workload(spec, 4096, 64 * local_batch * 4096, attention="fused", mlp="eager")
+    work = Workload(spec, 4096, 64 * local_batch * 4096, attention="fused", mlp="eager",
+                    loss="fp32 eager, pred kept")
     return PublishedRun(f"{name} FSDP on 64", "torchtitan docs/performance.md", work,
                         Cluster(A100, 64), layout, "tokens/s/GPU", wps)
 
