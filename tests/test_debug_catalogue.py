@@ -129,6 +129,14 @@ def test_what_differs_after_the_first_place_follows_the_mechanism(two_ranks):
             tied[(1, "parameters after the step")]) == (0, 1, 1)
     bias = _report(two_ranks, "tp_row_bias_per_rank").spread
     assert not any(step == 1 for step, _ in bias) and bias[(2, "activations")] > 0
+    # one reduction missing: the step-1 gradients wrong are exactly the tensors it owes (lesson
+    # 10's "how to read"). SP: every LayerNorm's weight and bias (2 per block and ln_f), the
+    # position embedding, each block's two row-parallel biases; EP: the expert tensors
+    n_layers = DebugConfig().model.n_layers
+    sp_partial = 2 * (2 * n_layers + 1) + 1 + 2 * n_layers
+    assert _report(two_ranks, "sp_layernorm_grads").spread[(1, "gradients")] == sp_partial
+    experts = [n for n, _ in moe_model(DebugConfig()).named_parameters() if ".experts." in n]
+    assert _report(two_ranks, "ep_experts_all_reduced").spread[(1, "gradients")] == len(experts)
 
 
 def test_sync_every_micro_batch_shows_in_the_collective_count_not_in_the_values(two_ranks):
