@@ -13,7 +13,10 @@ import pytest
 
 from dlcourse.debug import SUBJECTS, DebugConfig, find_divergence, find_divergences
 from dlcourse.debug.bugs import CATALOGUE
+from dlcourse.debug.compare import TOLERANCE
+from dlcourse.debug.divergence import reference_subject
 from dlcourse.debug.subjects import moe_model
+from dlcourse.models import lm_loss
 
 # bug -> (step, phase, name, ranks) the finder must report, and why it is that place.
 # Backward finishes ln_f first: the output layer is tied to tok_emb, whose gradient is done last.
@@ -126,6 +129,14 @@ def test_what_differs_after_the_first_place_follows_the_mechanism(two_ranks):
             tied[(1, "parameters after the step")]) == (0, 1, 1)
     bias = _report(two_ranks, "tp_row_bias_per_rank").spread
     assert not any(step == 1 for step, _ in bias) and bias[(2, "activations")] > 0
+    # one reduction missing: the step-1 gradients wrong are exactly the tensors it owes (lesson
+    # 10's "how to read"). SP: every LayerNorm's weight and bias (2 per block and ln_f), the
+    # position embedding, each block's two row-parallel biases; EP: the expert tensors
+    n_layers = DebugConfig().model.n_layers
+    sp_partial = 2 * (2 * n_layers + 1) + 1 + 2 * n_layers
+    assert _report(two_ranks, "sp_layernorm_grads").spread[(1, "gradients")] == sp_partial
+    experts = [n for n, _ in moe_model(DebugConfig()).named_parameters() if ".experts." in n]
+    assert _report(two_ranks, "ep_experts_all_reduced").spread[(1, "gradients")] == len(experts)
 
 
 def test_sync_every_micro_batch_shows_in_the_collective_count_not_in_the_values(two_ranks):
@@ -137,6 +148,30 @@ def test_sync_every_micro_batch_shows_in_the_collective_count_not_in_the_values(
     m = CATALOGUE[bug].config["micro_batches"]
     for bugged, correct in zip(report.comm, control.comm):
         assert bugged["all_reduce"] - 1 == m * (correct["all_reduce"] - 1)
+
+
+def test_a_doubled_gradient_moves_adamw_only_where_some_gradient_is_small(two_ranks):
+    """Lesson 10's count of the parameters that differ after step 1 when every gradient is twice
+    the right one (summed over 2 ranks; undivided over 2 micro-batches). AdamW's first update is
+    lr g / (|g| + eps) per element; doubling g moves it by lr eps |g| / ((|g| + eps)(2|g| + eps)),
+    about lr eps / (2|g|): over the finder's threshold only in a tensor with some |g| below
+    lr eps / (2 TOLERANCE). The reference's own first gradients predict how many that is."""
+    cfg = DebugConfig()
+    reference, _ = reference_subject(cfg, SUBJECTS["DP overlapped (lesson 03)"])
+    model, (x, y) = reference.modules[0], cfg.data()
+    lm_loss(model(x), y).backward()
+    bound = cfg.lr * reference.optimizer.defaults["eps"] / (2 * TOLERANCE)
+    sensitive = sum(p.grad.abs().min().item() < bound for p in model.parameters())
+    assert 0 < sensitive < N_PARAMS  # the count tells something: some tensors are spared
+    for bug in ("dp_grads_summed", "pp_loss_not_divided"):
+        spread = _report(two_ranks, bug).spread
+        assert spread[(1, "gradients")] == N_PARAMS  # every gradient is wrong ...
+        assert spread[(1, "parameters after the step")] == sensitive, bug  # ... not every step
+
+
+def test_every_bug_says_its_fix():
+    missing = [name for name, bug in CATALOGUE.items() if not bug.fix.strip()]
+    assert not missing, f"bugs without a fix line (the lesson prints it): {missing}"
 
 
 def test_every_bug_has_a_test():

@@ -45,6 +45,7 @@ class Bug:
     source: str  # the public issue or paper where it was seen ("" if none found)
     patches: tuple  # (object, attribute name, replacement) put in place while the run lasts
     config: dict = field(default_factory=dict)  # DebugConfig fields the bug needs to show
+    fix: str = ""  # what the correct code does instead, in one line (the lesson prints it)
 
     @contextmanager
     def patch(self):
@@ -123,9 +124,12 @@ CATALOGUE = {
         "TP + SP (lesson 04)",
         "sequence parallelism leaves the LayerNorm (and position, row-parallel bias) gradients "
         "partial, each rank's tokens only, and nobody all-reduces them",
-        "NVIDIA/Megatron-LM#1446 (final_layernorm gradients differ between TP ranks with SP); "
-        "EleutherAI/gpt-neox#1257",
-        ((combine, "parallelize", partial(parallelize, sum_grads=False)),)),
+        "NVIDIA/Megatron-LM#1446 (final_layernorm's main_grad differs between TP ranks with SP, "
+        "before the optimizer step); EleutherAI/gpt-neox#1257, the PR adding SP (a first commit "
+        "left the LayerNorm gradients unsynchronised: its loss fell slower, then flattened)",
+        ((combine, "parallelize", partial(parallelize, sum_grads=False)),),
+        fix="all-reduce those partial gradients over the tp group after backward (lesson 04's "
+            "all_reduce_sequence_partial_grads; Megatron's finalize_model_grads)"),
     "dp_no_broadcast": Bug(
         "DP overlapped (lesson 03)",
         "replicas start from different weights: each rank seeds by its rank, and DataParallel's "
@@ -133,32 +137,38 @@ CATALOGUE = {
         "torch DDP's constructor: 'Sync params and buffers. Ensures all DDP models start off "
         "at the same value' (_sync_module_states from rank 0, torch/nn/parallel/distributed.py)",
         ((overlap, "broadcast_parameters", lambda module, group: None),
-         (DebugConfig, "new_model", _rank_seeded_model))),
+         (DebugConfig, "new_model", _rank_seeded_model)),
+        fix="broadcast rank 0's parameters (and buffers) when the model is wrapped"),
     "dp_grads_summed": Bug(
         "DP overlapped (lesson 03)",
         "gradients summed over the ranks where they must be averaged: N times too large "
         "(AdamW hides most of it, SGD does not: lesson 05)",
         "",
-        ((overlap, "finish_bucket", _finish_bucket_summed),)),
+        ((overlap, "finish_bucket", _finish_bucket_summed),),
+        fix="divide the all-reduced sum by the dp world size"),
     "uneven_batch_unweighted": Bug(
         "DP naive (lesson 03)",
         "an uneven last batch (5 sequences on 2 ranks: 3 and 2) averaged rank by rank, so the "
         "2 sequences of rank 1 weigh as much as rank 0's 3",
         "",
         ((steps, "uneven_loss_scale", lambda local_batch, group: 1.0),),
-        dict(global_batch=5)),
+        dict(global_batch=5),
+        fix="scale each rank's mean loss by world_size x local samples / global samples "
+            "(uneven_loss_scale), so that every sample weighs the same"),
     "tp_row_bias_per_rank": Bug(
         "TP (lesson 04)",
         "a row-parallel layer adds its bias before the all-reduce: the output holds it tp times",
         "Megatron-LM's RowParallelLinear adds the bias after the all-reduce of the partial "
         "outputs; zero-initialised biases hide this one for a step",
-        ((RowParallelLinear, "forward", _row_forward_bias_per_rank),)),
+        ((RowParallelLinear, "forward", _row_forward_bias_per_rank),),
+        fix="add the bias once, after g has summed the partial outputs"),
     "tp_f_backward_not_summed": Bug(
         "TP (lesson 04)",
         "Megatron's f passes the input gradient of a column-parallel layer on without summing "
         "it over the tp ranks: everything before the first such layer learns from 1/tp of it",
         "Shoeybi et al. 2019, Megatron-LM, sec. 3 (f: identity forward, all-reduce backward)",
-        ((CopyToTensorParallel, "backward", _f_backward_not_summed),)),
+        ((CopyToTensorParallel, "backward", _f_backward_not_summed),),
+        fix="f's backward all-reduces the input gradient over the tp group"),
     "zero_clip_local_norm": Bug(
         "ZeRO stage 2 (lesson 05)",
         "gradient clipping by the norm of this rank's shard, not the whole gradient's: each "
@@ -166,46 +176,62 @@ CATALOGUE = {
         "torch FSDP's FullyShardedDataParallel.clip_grad_norm_: with sharded gradients use it "
         "instead of torch.nn.utils.clip_grad_norm_, as it handles the sharding",
         ((clip, "global_grad_norm", _local_grad_norm),),
-        dict(max_grad_norm=1e-3)),
+        dict(max_grad_norm=1e-3),
+        fix="all-reduce the shards' sums of squares over the dp group, then take the root: "
+            "one norm, one clip factor on every rank"),
     "pp_loss_not_divided": Bug(
         "PP 1F1B (lesson 06)",
         "the pipeline backpropagates each micro-batch's mean loss undivided by the m "
         "micro-batches: gradients m times too large",
-        "pytorch/torchtitan#2972 (PP and non-PP gradients scaled differently); "
-        "pytorch/torchtitan#1733 (gradient accumulation with PP scaled wrongly)",
-        ((executor.Executor, "__init__", _executor_not_dividing),)),
+        "pytorch/torchtitan#2972 (PP's schedule backpropagates the token-summed loss and divides "
+        "by the global token count only after backward: PP gradients that many times the "
+        "non-PP ones); the reverse in pytorch/torchtitan#1733 (with gradient accumulation the "
+        "schedule's scale_grads divided every accumulation step's gradients by the micro-batches: "
+        "too small)",
+        ((executor.Executor, "__init__", _executor_not_dividing),),
+        fix="divide each micro-batch's loss by m before its backward (the executor's n_micro)"),
     "pp_tied_embeddings_unsynced": Bug(
         "PP 1F1B (lesson 06)",
         "the tied embedding's two copies (first and last stage) do not exchange gradients: "
         "each learns from its own use only, and they drift apart",
-        "Megatron-LM's _allreduce_word_embedding_grads: 'Reduce grads across first and last "
-        "stages to ensure that word_embeddings parameters stay in sync'",
-        ((executor, "sync_tied_grads", lambda stages, group=None: None),)),
+        "Megatron-LM's finalize_model_grads: _allreduce_word_embedding_grads all-reduces the "
+        "word embedding's gradients over the first and last pipeline stages so that its two "
+        "copies stay in sync",
+        ((executor, "sync_tied_grads", lambda stages, group=None: None),),
+        fix="all-reduce the tied embedding's gradient between the first and last stage before "
+            "the step (lesson 06's sync_tied_grads)"),
     "dp_tp_world_group": Bug(
         "DP x TP (lesson 07)",
         "the data-parallel all-reduce on the default (world) group instead of the dp axis: "
         "tp ranks' different shards are averaged together",
         "",
-        ((combine, "all_reduce_buckets", _world_all_reduce_buckets),)),
+        ((combine, "all_reduce_buckets", _world_all_reduce_buckets),),
+        fix="all-reduce over the grid's dp group: each tp rank with the ranks holding its shard"),
     "cp_local_positions": Bug(
         "CP ring (lesson 08)",
         "context parallelism embeds each rank's tokens at positions 0..s/cp-1 instead of the "
         "positions they hold in the sequence",
-        "verl-project/verl#6267 (position_ids wrong on context-parallel ranks)",
-        ((GlobalPositions, "forward", _local_positions),)),
+        "verl-project/verl#6267, a fix (position_ids under context parallelism off by one at "
+        "cp = 2, and wrong in the second half of rank 1's tokens)",
+        ((GlobalPositions, "forward", _local_positions),),
+        fix="embed each token at its position in the whole sequence, as the rank's layout "
+            "(contiguous or zig-zag) places it"),
     "ep_experts_all_reduced": Bug(
         "EP + DP (lesson 09, MoE GPT)",
         "the expert gradients all-reduced over the expert-parallel group like the dense ones: "
         "the ranks hold different experts, so their gradients get mixed",
         "",
-        ((ep_compare, "average_gradients", _experts_all_reduced),)),
+        ((ep_compare, "average_gradients", _experts_all_reduced),),
+        fix="all-reduce the dense gradients only; each rank's experts keep their own gradient "
+            "(divided by ep, the batch's share it saw)"),
     "dp_sync_every_micro_batch": Bug(
         "DP bucketed (lesson 03)",
         "gradient accumulation that all-reduces after every micro-batch: right, but m times the "
         "communication (a performance bug: no divergence, the collective count shows it)",
         "torch DDP's no_sync() exists for this (DistributedDataParallel docs)",
         ((overlap.DataParallel, "no_sync", _no_sync_ignored),),
-        dict(micro_batches=2)),
+        dict(micro_batches=2),
+        fix="run the first m - 1 micro-batches' backward under no_sync(): one all-reduce a step"),
 }
 
 
@@ -221,7 +247,8 @@ CATALOGUE.update({
         "Megatron-LM's megatron/core/tensor_parallel/random.py: CudaRNGStatesTracker, "
         "get_cuda_rng_tracker().fork() around the attention dropout (DotProductAttention), "
         "model_parallel_cuda_manual_seed: tp state seed + 2718 + tp_rank",
-        ((tp_dropout, "STREAMS", {**tp_dropout.STREAMS, "attn.attn_dropout": None}),)),
+        ((tp_dropout, "STREAMS", {**tp_dropout.STREAMS, "attn.attn_dropout": None}),),
+        fix="draw the attention dropout inside the tracker's fork: the per-rank stream"),
     "tp_dropout_resid_per_rank": Bug(
         "TP + dropout (lesson 04)",
         "the residual dropouts (after the row-parallel layers' g) drawn from the per-rank stream: "
@@ -229,7 +256,8 @@ CATALOGUE.update({
         "Megatron-LM's model_parallel_cuda_manual_seed (tensor_parallel/random.py): the default "
         "stream, the same on the tp ranks, is for dropout in the non-tensor-parallel regions",
         ((tp_dropout, "STREAMS", {**tp_dropout.STREAMS, "attn.resid_dropout": TENSOR_PARALLEL,
-                                  "mlp.dropout": TENSOR_PARALLEL}),)),
+                                  "mlp.dropout": TENSOR_PARALLEL}),),
+        fix="draw the residual dropouts from the default stream, seeded alike on the tp ranks"),
 })
 
 
