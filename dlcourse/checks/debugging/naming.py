@@ -32,7 +32,7 @@ from dlcourse.checks.debugging.reference import first_gap
 from dlcourse.checks.debugging.refusal import refusing_debugging
 from dlcourse.checks.debugging.runs import traces_on_rank
 from dlcourse.debug.compare import TOLERANCE
-from dlcourse.debug.divergence import PHASES, _job
+from dlcourse.debug.divergence import PHASES, job
 from dlcourse.debug.subjects import DebugConfig
 
 # strategy -> the catalogue's bugs the check switches on in it: each strategy has two or three
@@ -92,7 +92,7 @@ def recorded(drawn, seed, timeout):
     """[per case: [per rank: (reference, trace)]]: each run beside one process, on 2 ranks.
     `drawn` a tuple of (strategy, bug); every rank's traces reach the student's rank pickled,
     so the ones kept here are never changed."""
-    jobs = [_job(strategy, bug, replace(DebugConfig(seed=seed), **SHARED_CONFIG.get(strategy, {})))
+    jobs = [job(strategy, bug, replace(DebugConfig(seed=seed), **SHARED_CONFIG.get(strategy, {})))
             for strategy, bug in drawn]
     per_rank = dlcourse.launch(traces_on_rank, jobs, world_size=WORLD_SIZE, backend="gloo",
                                timeout=timeout)
