@@ -12,7 +12,8 @@ import dlcourse
 from dlcourse import pickling, returned
 from dlcourse.checks.core.expect import CheckFailed, expect_callable
 from dlcourse.checks.core.refuse import ForbiddenCall, Refused, forbidden, no_store, none_named
-from dlcourse.checks.core.stubs import is_stub_text, not_written, stub_message
+from dlcourse.checks.core.stubs import (NotWritten, is_stub_text, not_written, stub_message,
+                                       stub_raising)
 from dlcourse.errors import RankError, RankTimeout
 from dlcourse.launcher import PerRank, launch_as_data
 
@@ -97,7 +98,19 @@ class StudentCode:
 
     def __call__(self, *args, **kwargs):
         with self.guarded():
-            return self.fn(*args, **kwargs)
+            try:
+                return self.fn(*args, **kwargs)
+            except NotImplementedError as error:
+                raise _named_stub(error, getattr(self.fn, "__name__", None))
+
+
+def _named_stub(error, caller):
+    """`error`, or where a stub other than the student's function raised it (the student's
+    function calls another exercise's, still unwritten), a NotWritten that names that stub."""
+    stub = stub_raising(error)
+    if stub is None or stub == caller or isinstance(error, NotWritten):
+        return error
+    return NotWritten(not_written(stub, str(error), caller)).with_traceback(None)
 
 
 def _explain(exercise, where, hint, error):
@@ -105,6 +118,8 @@ def _explain(exercise, where, hint, error):
     outcome = error.outcome
     if outcome is not None and outcome.raised(ForbiddenCall):
         return f"{where}: rank {error.rank} {outcome.message}"
+    if outcome is not None and outcome.raised(NotWritten):  # another exercise's stub, named
+        return outcome.message
     # The stub that `dlcourse exercises build` writes, not a NotImplementedError from torch.
     if (outcome is not None and outcome.exception == "NotImplementedError"
             and is_stub_text(outcome.message)):
@@ -197,6 +212,9 @@ def _call(fn, args, exercise, where, guard, hint, answer=None):
     except ForbiddenCall as error:
         raise CheckFailed(f"{where}: {error}") from None
     except NotImplementedError as error:
+        error = _named_stub(error, getattr(fn, "__name__", None))
+        if isinstance(error, NotWritten):
+            raise CheckFailed(str(error)) from None
         if error.args and not str(error).startswith("Hint:"):  # torch's own: the student's bug
             raise CheckFailed(f"{where}: raised NotImplementedError: {error}") from error
         raise CheckFailed(f"{exercise} is not written yet: replace its `raise "
