@@ -8,6 +8,7 @@ the mistake; the lesson's finder is refused.
 The runs launch once per process (`runs.all_traces`); every check call draws its own cases among
 them (a failure names the seed)."""
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,3 +121,29 @@ def test_wrong_answers_fail(answer, says, hint):
 def test_the_lessons_finder_is_refused():
     first, _ = first_line_and_hint(check_first_divergence, with_the_lesson)
     assert "called compare_trace from dlcourse.debug.compare" in first, first
+
+
+def from_the_case_name(reference, parallel, tolerance, _table=None):
+    # a submission reading the case's name up its rank's stack ("rank 1's traces of X with bug
+    # 'b'"), answered from a table of first places (a student collects one from failures)
+    import re
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None and "where" not in frame.f_locals:
+        frame = frame.f_back
+    found = re.search(r"rank (\d)'s traces of (.+?)(?: with bug '(\w+)'| \(correct\))",
+                      frame.f_locals["where"] if frame else "")
+    return _table.get(found.groups()) if found else ("no", "case", "name")
+
+
+def test_a_submission_cannot_read_the_case_s_name_in_its_rank():
+    from dlcourse import pickling
+    from dlcourse.checks.core import Submitted
+    from dlcourse.checks.debugging.reference import first_gap
+    from dlcourse.checks.debugging.runs import all_traces
+    table = {(str(r), name, bug): first_gap(*per_rank[r])
+             for (name, bug), per_rank in all_traces().items() for r in range(2)}
+    answer = functools.partial(from_the_case_name, _table=table)
+    first, _ = first_line_and_hint(check_first_divergence,
+                                   Submitted("first_divergence", pickling.dumps(answer)))
+    assert "('no', 'case', 'name')" in first, first

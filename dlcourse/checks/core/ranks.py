@@ -181,18 +181,26 @@ def call_in_process(fn, args, *, exercise, where, guard=None, hint="", answer=No
     return _call(fn, args, exercise, where, guard, hint, answer)
 
 
+# What the rank is sent in place of the case's name and hint, put back in its message here: a
+# name can tell what the answer is ("rank 1's traces of X with bug 'b'"), and the rank is sent
+# the arguments only, as `run_on_ranks`'s are.
+_WHERE, _HINT = "\x00where\x00", "\x00hint\x00"
+
+
 def _call_submitted(fn, args, exercise, where, guard, hint, answer):
     __tracebackhide__ = True
     try:
-        [value] = launch_as_data(_call_in_rank, fn.payload, args, exercise, where, guard, hint,
-                                 answer, world_size=1, backend="gloo", timeout=CHECK_TIMEOUT_S)
+        [value] = launch_as_data(_call_in_rank, fn.payload, args, exercise, _WHERE, guard,
+                                 _HINT if hint else "", answer, world_size=1, backend="gloo",
+                                 timeout=CHECK_TIMEOUT_S)
         return value
     except RankTimeout:
         raise CheckFailed(f"{where}: did not return within {CHECK_TIMEOUT_S:g} s") from None
     except RankError as error:
         outcome = error.outcome
         if outcome is not None and outcome.raised(CheckFailed):
-            raise CheckFailed(outcome.message) from None
+            message = outcome.message.replace(_WHERE, where).replace(_HINT, hint)
+            raise CheckFailed(message) from None
         raise CheckFailed(_explain(exercise, where, hint, error)) from None
 
 
