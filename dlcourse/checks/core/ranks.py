@@ -11,7 +11,8 @@ import torch
 import dlcourse
 from dlcourse import pickling, returned
 from dlcourse.checks.core.expect import CheckFailed, expect_callable
-from dlcourse.checks.core.refuse import ForbiddenCall, Refused, forbidden, no_store, none_named
+from dlcourse.checks.core.refuse import (ForbiddenCall, Refused, copies_refused, forbidden,
+                                         no_store, none_named)
 from dlcourse.checks.core.stubs import (NotWritten, is_stub_text, not_written, stub_message,
                                        stub_raising)
 from dlcourse.errors import RankError, RankTimeout
@@ -87,7 +88,8 @@ class StudentCode:
         with forbidden(self.forbid, self.why_forbidden), none_named(), no_store(), \
                 (self.guard() if self.guard else contextlib.nullcontext()) as refused:
             _refuse_copies(refused, self.fn)
-            yield
+            with copies_refused(refused):
+                yield
 
     @property
     def fn(self):
@@ -215,7 +217,8 @@ def _call(fn, args, exercise, where, guard, hint, answer=None):
     try:
         with guard(fn) if guard else contextlib.nullcontext() as refused:
             _refuse_copies(refused, fn)
-            value = fn(*args)
+            with copies_refused(refused):
+                value = fn(*args)
         return returned.as_data(answer(value, *args) if answer else value)  # as `_in_rank`'s
     except ForbiddenCall as error:
         raise CheckFailed(f"{where}: {error}") from None

@@ -8,7 +8,8 @@ calls the library's own. Three ways in, three guards (all undone when the check 
   names bound to other objects (a class, a table) in `namespaces` are rebound to the stand-in.
   A copy of the function made before the check (`types.FunctionType(f.__code__, ...)`, or one
   rebuilt by pickling) is found by `copies_in(fn)`, which follows what the student's function
-  refers to and compares code objects.
+  refers to and compares code objects; one made while the student's code runs (the library
+  file's text read and exec'd) is refused when it is called (`copies_refused`, a profile hook).
 - `forbidden(names, why)`: torch.distributed's functions of those names raise, and so does the
   collective itself when it reaches torch's dispatcher by another road (a `ProcessGroup`
   method, the functional collectives), which lesson 02's `CommCounter` also watches.
@@ -18,6 +19,8 @@ calls the library's own. Three ways in, three guards (all undone when the check 
 """
 
 import contextlib
+import sys
+import threading
 import types
 
 import torch
@@ -103,6 +106,39 @@ def replaced(namespaces, replacements):
             ns[key] = value
         for original, code in reversed(swapped):
             original.__code__ = code
+
+
+@contextlib.contextmanager
+def copies_refused(refused):
+    """While the block runs, calling a function whose code is a refused original's (the same
+    bytecode, constants and names, wherever it was compiled: a copy made while the student's
+    code runs, e.g. from the library file's text) raises ForbiddenCall with the original's
+    message. A profile hook on this thread and on threads started in the block; then undone."""
+    by_name = {}
+    for code, message in (refused.codes if isinstance(refused, Refused) else ()):
+        by_name.setdefault(code.co_name, []).append((code, message))
+    if not by_name:
+        yield
+        return
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in by_name:
+            for code, message in by_name[frame.f_code.co_name]:
+                if _same_code(frame.f_code, code):
+                    raise ForbiddenCall(message)
+
+    before, before_threads = sys.getprofile(), threading.getprofile()
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(before)
+        threading.setprofile(before_threads)
+
+
+def _same_code(a, b):
+    return a.co_code == b.co_code and a.co_consts == b.co_consts and a.co_names == b.co_names
 
 
 def _codes_reached(fn, depth, seen):
