@@ -166,3 +166,10 @@ def test_the_runs_weights_are_drawn_afresh_so_a_table_of_them_fails():
     answer = functools.partial(from_a_table_of_the_runs, _table=table)
     first, _ = first_line_and_hint(check_first_divergence, answer)
     assert "('not', 'in the', 'table')" in first, first
+
+
+def test_a_dataclass_place_passes_when_graded(capsys):  # the rank sends back data only
+    from dlcourse import pickling
+    from dlcourse.checks.core import Submitted
+    check_first_divergence(Submitted("first_divergence", pickling.dumps(with_allclose)))
+    assert "first_divergence: passed on 4 runs" in capsys.readouterr().out

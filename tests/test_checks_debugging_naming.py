@@ -164,3 +164,23 @@ def test_an_unwritten_first_divergence_is_named_not_name_the_bug():
 
     first, _ = first_line_and_hint(check_name_the_bug, calls_the_stub, seed=SEED)
     assert first.startswith("first_divergence is not written yet (calls_the_stub calls it)"), first
+
+
+def as_a_dataclass(case):
+    from dataclasses import dataclass
+
+    @dataclass
+    class Place:
+        step: int
+        phase: str
+        name: str
+
+    place, bug = reasoned(case)
+    return Place(*place), bug
+
+
+def test_a_dataclass_place_passes_when_graded(capsys):  # the rank sends back data only
+    from dlcourse import pickling
+    from dlcourse.checks.core import Submitted
+    check_name_the_bug(Submitted("name_the_bug", pickling.dumps(as_a_dataclass)), seed=SEED)
+    assert "name_the_bug: passed on 4 runs" in capsys.readouterr().out
