@@ -127,3 +127,14 @@ def rebuilt_from_the_lessons_file(tokens, hidden, top_k, ep, itemsize):  # exec'
 def test_the_lessons_formula_rebuilt_from_its_file_while_it_runs_is_refused():
     first, _ = first_line_and_hint(check_a2a_bytes_per_layer, rebuilt_from_the_lessons_file)
     assert "called all_to_all_formula from dlcourse.parallel.expert.measure" in first, first
+
+
+def rebuilt_with_the_hook_off(tokens, hidden, top_k, ep, itemsize):
+    import sys
+    sys.setprofile(None)
+    return rebuilt_from_the_lessons_file(tokens, hidden, top_k, ep, itemsize)
+
+
+def test_the_hook_that_refuses_a_rebuilt_copy_cannot_be_switched_off():
+    first, _ = first_line_and_hint(check_a2a_bytes_per_layer, rebuilt_with_the_hook_off)
+    assert "called sys.setprofile, which this exercise does not allow" in first, first

@@ -128,12 +128,16 @@ def copies_refused(refused):
                     raise ForbiddenCall(message)
 
     before, before_threads = sys.getprofile(), threading.getprofile()
-    sys.setprofile(profile)
+    setprofile = sys.setprofile
+    setprofile(profile)
     threading.setprofile(profile)
+    # the hook stays on: `sys.setprofile(None)` first would let a copy run (ctypes still could)
+    sys.setprofile = refusal("sys.setprofile", "the check watches the calls your code makes")
     try:
         yield
     finally:
-        sys.setprofile(before)
+        sys.setprofile = setprofile
+        setprofile(before)
         threading.setprofile(before_threads)
 
 
