@@ -122,3 +122,23 @@ def rebuilt_from_the_lessons_file(stages, group):  # lesson 06's own, exec'd fro
 def test_the_lessons_function_rebuilt_from_its_file_in_the_rank_is_refused():
     first, _ = first_line_and_hint(check_sync_tied_grads, rebuilt_from_the_lessons_file)
     assert "called sync_tied_grads from dlcourse.parallel.pipeline.stages" in first, first
+
+
+def ends_from_the_world(stages, group):  # the last rank of the world, not of the pipeline
+    first, last = _ends(stages)
+    if first is None and last is None:
+        return
+    mine = first if first is not None else last
+    peer = dist.get_world_size() - 1 if first is not None else 0
+    theirs = torch.empty_like(mine.grad)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine.grad, peer),
+                                        dist.P2POp(dist.irecv, theirs, peer)]):
+        work.wait()
+    mine.grad.add_(theirs)
+
+
+def test_a_fix_that_finds_the_ends_in_the_world_fails_beside_data_parallelism():
+    first, hint = first_line_and_hint(check_sync_tied_grads, ends_from_the_world, timeout=5)
+    assert first.startswith("sync_tied_grads on 2 pipeline stages (1F1B, 2 micro-batches, each "
+                            "stage on 2 data-parallel ranks"), first
+    assert "find the other end in `group`" in hint, hint
