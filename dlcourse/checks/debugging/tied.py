@@ -16,7 +16,9 @@ no copy. A fix that hides the symptom (the copies made equal by sending the para
 fails on the first step's gradient of tok_emb.weight, which lacks the output layer's part.
 Last, 2 stages beside data parallelism (dp = 2, 4 ranks: stage 0 on ranks 0 and 1, stage 1 on 2
 and 3): `group` is one pipeline's ranks, not the world, so a fix that finds the other end from
-the world's ranks (the last rank, rank 0) leaves two of the four waiting.
+the world's ranks (the last rank, rank 0) leaves two of the four waiting. Each call's messages
+are counted (CommCounter): a rank holding a copy must be brought at least a gradient's bytes by
+torch.distributed, so copies that swap gradients through a shared file fail.
 """
 
 from unittest import mock
@@ -24,6 +26,7 @@ from unittest import mock
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.checks.debugging.fix import _train
 from dlcourse.checks.debugging.refusal import refusing_tied
+from dlcourse.collectives.counter import CommCounter
 from dlcourse.debug.bugs import CATALOGUE
 from dlcourse.debug.compare import TOLERANCE
 from dlcourse.debug.divergence import reference_subject
@@ -65,14 +68,28 @@ def reference_run(cfg):
 
 def _tied_in_rank(student, n_stages, seed, dp=1):
     """Runs in every rank: 1F1B with the bug on, the student's exchange where the bug took
-    lesson 06's out."""
+    lesson 06's out. Returns (the run's steps, the bytes each call brought to this rank by
+    torch.distributed (all but its sends), a copy's gradient's bytes if this rank holds one)."""
     cfg = config(n_stages, seed)
     x, y = cfg.data()
     site, name, _ = CATALOGUE[BUG].patches[0]  # (executor, "sync_tied_grads", the bug's no-op)
-    with CATALOGUE[BUG].patch(), mock.patch.object(
-            site, name, lambda stages, group=None: student(stages, group)):
+    received = []
+
+    def counted(stages, group=None):
+        with CommCounter() as comm:
+            student(stages, group)
+        received.append(sum(r.nbytes for r in comm.records if r.op != "send"))
+
+    with CATALOGUE[BUG].patch(), mock.patch.object(site, name, counted):
         subject = grid_subject(plan(n_stages, dp), cfg)
-        return _train(subject, cfg, x, y, fix=None)
+        copy = next((p for s in subject.modules for p in _copies(s)), None)
+        need = copy.numel() * copy.element_size() if copy is not None else 0
+        return _train(subject, cfg, x, y, fix=None), received, need
+
+
+def _copies(stage):
+    return ([stage.tok_emb.weight] if stage.is_first else []) + \
+        ([stage.lm_head.weight] if stage.is_last else [])
 
 
 @fresh_cases
@@ -93,12 +110,26 @@ def check_sync_tied_grads(sync_tied_grads, timeout=CHECK_TIMEOUT_S, *, rng):
                                 exercise="sync_tied_grads", where=where, hint=HINT,
                                 hang_hint=HANG_HINT, harness=_tied_in_rank,
                                 guard=refusing_tied, timeout=timeout)
-        for rank, (got, _) in enumerate(outcomes):
+        for rank, ((got, received, need), _) in enumerate(outcomes):
+            _expect_message(received, need, where, rank)
             _expect_run(got, want, where, rank)
     print(f"sync_tied_grads: passed on {', '.join(map(str, sizes))} pipeline stages, and 2 "
           "beside 2-way data parallelism (1F1B, "
           f"{STEPS} AdamW steps, weights drawn at random): every gradient before each step and "
           "every parameter after it equal one process's, to float64 rounding")
+
+
+def _expect_message(received, need, where, rank):
+    """A rank that holds one copy must be brought the other's gradient by a message."""
+    __tracebackhide__ = True
+    short = [b for b in received if b < need]
+    if short:
+        fail(where, rank, f"holds a copy of the tied matrix, but a call of your function brought "
+                          f"it {short[0]} bytes by torch.distributed, less than the other copy's "
+                          f"gradient ({need} bytes)", "the two copies live on two ranks, maybe "
+                          "two machines: the other copy's gradient must come as a message "
+                          "(send/recv or a collective over `group`), not a file or another "
+                          "side channel")
 
 
 def _expect_run(got, want, where, rank):
