@@ -88,7 +88,7 @@ class StudentCode:
         with forbidden(self.forbid, self.why_forbidden), none_named(), no_store(), \
                 (self.guard() if self.guard else contextlib.nullcontext()) as refused:
             _refuse_copies(refused, self.fn)
-            with copies_refused(refused):
+            with copies_refused(refused, self.fn):
                 yield
 
     @property
@@ -217,7 +217,7 @@ def _call(fn, args, exercise, where, guard, hint, answer=None):
     try:
         with guard(fn) if guard else contextlib.nullcontext() as refused:
             _refuse_copies(refused, fn)
-            with copies_refused(refused):
+            with copies_refused(refused, fn):
                 value = fn(*args)
         return returned.as_data(answer(value, *args) if answer else value)  # as `_in_rank`'s
     except ForbiddenCall as error:

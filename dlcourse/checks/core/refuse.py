@@ -109,22 +109,25 @@ def replaced(namespaces, replacements):
 
 
 @contextlib.contextmanager
-def copies_refused(refused):
-    """While the block runs, calling a function whose code is a refused original's (the same
-    bytecode, constants and names, wherever it was compiled: a copy made while the student's
-    code runs, e.g. from the library file's text) raises ForbiddenCall with the original's
-    message. A profile hook on this thread and on threads started in the block; then undone."""
+def copies_refused(refused, fn=None):
+    """While the block runs, calling a function whose code is a refused original's (equal but
+    for its first line's number: a copy compiled while the student's code runs, e.g. from the
+    library file's text) raises ForbiddenCall with the original's message. The code objects of
+    the student's own `fn` (what it refers to, the functions it nests) are the student's, never
+    a copy: a one-line method may well be written as the lesson wrote it (`copies_in` judges
+    those). A profile hook on this thread and on threads started in the block; then undone."""
     by_name = {}
     for code, message in (refused.codes if isinstance(refused, Refused) else ()):
         by_name.setdefault(code.co_name, []).append((code, message))
     if not by_name:
         yield
         return
+    own = {id(c) for c in _own_codes(fn)}
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_name in by_name:
+        if event == "call" and frame.f_code.co_name in by_name and id(frame.f_code) not in own:
             for code, message in by_name[frame.f_code.co_name]:
-                if _same_code(frame.f_code, code):
+                if frame.f_code.replace(co_firstlineno=code.co_firstlineno) == code:
                     raise ForbiddenCall(message)
 
     before, before_threads = sys.getprofile(), threading.getprofile()
@@ -141,8 +144,18 @@ def copies_refused(refused):
         threading.setprofile(before_threads)
 
 
-def _same_code(a, b):
-    return a.co_code == b.co_code and a.co_consts == b.co_consts and a.co_names == b.co_names
+def _own_codes(fn, depth=3):
+    """The code objects of the student's `fn` (a class: its methods), of what it refers to
+    (`_codes_reached`), and every code nested in them."""
+    roots = ([getattr(a, "__func__", a) for a in vars(fn).values()]
+             if isinstance(fn, type) else [fn])
+    stack = [c for root in roots for c in _codes_reached(root, depth, set())]
+    found = []
+    while stack:
+        code = stack.pop()
+        found.append(code)
+        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return found
 
 
 def _codes_reached(fn, depth, seen):
