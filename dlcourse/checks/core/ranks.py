@@ -11,8 +11,8 @@ import torch
 import dlcourse
 from dlcourse import pickling, returned
 from dlcourse.checks.core.expect import CheckFailed, expect_callable
-from dlcourse.checks.core.refuse import (ForbiddenCall, Refused, copies_refused, forbidden,
-                                         no_store, none_named)
+from dlcourse.checks.core.copies import copies_refused
+from dlcourse.checks.core.refuse import ForbiddenCall, Refused, forbidden, no_store, none_named
 from dlcourse.checks.core.stubs import (NotWritten, is_stub_text, not_written, stub_message,
                                        stub_raising)
 from dlcourse.errors import RankError, RankTimeout
