@@ -8,6 +8,7 @@ the mistake; the lesson's finder is refused.
 The runs launch once per process (`runs.all_traces`); every check call draws its own cases among
 them (a failure names the seed)."""
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,3 +121,55 @@ def test_wrong_answers_fail(answer, says, hint):
 def test_the_lessons_finder_is_refused():
     first, _ = first_line_and_hint(check_first_divergence, with_the_lesson)
     assert "called compare_trace from dlcourse.debug.compare" in first, first
+
+
+def from_the_case_name(reference, parallel, tolerance, _table=None):
+    # a submission reading the case's name up its rank's stack ("rank 1's traces of X with bug
+    # 'b'"), answered from a table of first places (a student collects one from failures)
+    import re
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None and "where" not in frame.f_locals:
+        frame = frame.f_back
+    found = re.search(r"rank (\d)'s traces of (.+?)(?: with bug '(\w+)'| \(correct\))",
+                      frame.f_locals["where"] if frame else "")
+    return _table.get(found.groups()) if found else ("no", "case", "name")
+
+
+def test_a_submission_cannot_read_the_case_s_name_in_its_rank():
+    from dlcourse import pickling
+    from dlcourse.checks.core import Submitted
+    from dlcourse.checks.debugging.reference import first_gap
+    from dlcourse.checks.debugging.runs import all_traces
+    table = {(str(r), name, bug): first_gap(*per_rank[r])
+             for (name, bug), per_rank in all_traces().items() for r in range(2)}
+    answer = functools.partial(from_the_case_name, _table=table)
+    first, _ = first_line_and_hint(check_first_divergence,
+                                   Submitted("first_divergence", pickling.dumps(answer)))
+    assert "('no', 'case', 'name')" in first, first
+
+
+def _fingerprint(trace):  # the last parameters' sum: the nudges (1e-14) leave it to 8 digits
+    _, _, tensors = trace[-1]
+    return round(sum(float(t.double().sum()) for t in tensors.values()), 8)
+
+
+def from_a_table_of_the_runs(reference, parallel, tolerance, _table=None):
+    return _table.get(_fingerprint(parallel), ("not", "in the", "table"))
+
+
+def test_the_runs_weights_are_drawn_afresh_so_a_table_of_them_fails():
+    from dlcourse.checks.debugging.reference import first_gap
+    from dlcourse.checks.debugging.runs import all_traces
+    table = {_fingerprint(per_rank[r][1]): first_gap(*per_rank[r])  # what failures tell
+             for per_rank in all_traces().values() for r in range(2)}
+    answer = functools.partial(from_a_table_of_the_runs, _table=table)
+    first, _ = first_line_and_hint(check_first_divergence, answer)
+    assert "('not', 'in the', 'table')" in first, first
+
+
+def test_a_dataclass_place_passes_when_graded(capsys):  # the rank sends back data only
+    from dlcourse import pickling
+    from dlcourse.checks.core import Submitted
+    check_first_divergence(Submitted("first_divergence", pickling.dumps(with_allclose)))
+    assert "first_divergence: passed on 4 runs" in capsys.readouterr().out

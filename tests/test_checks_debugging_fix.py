@@ -5,6 +5,8 @@ parameter (found by name) both pass; averaging instead of summing, a fix that ho
 only, summing every gradient (sharded ones too) and making the ranks agree by a broadcast all fail
 with the hint that names the mistake; lesson 04's own all-reduce is refused."""
 
+import tempfile
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -87,3 +89,29 @@ def test_the_lessons_all_reduce_is_refused():
     first, _ = first_line_and_hint(check_sync_sequence_parallel_grads, with_the_lesson)
     assert "called all_reduce_sequence_partial_grads from dlcourse.parallel.tensor.grads" \
         in first, first
+
+
+SHARED = tempfile.mkdtemp(prefix="dlcourse-sp-side-")  # a folder every rank can read
+
+
+def through_a_file(model, group):  # each rank's partial gradients summed from the others' files
+    import os
+    import time
+    grads = [p.grad for p in model.parameters() if getattr(p, "sequence_partial", False)]
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    calls = through_a_file.__dict__.setdefault("calls", [0])
+    calls[0] += 1
+    run = f"{SHARED}/{os.environ['MASTER_PORT']}-{calls[0]}"
+    torch.save([g.clone() for g in grads], f"{run}-{rank}.tmp")
+    os.replace(f"{run}-{rank}.tmp", f"{run}-{rank}.pt")
+    for other in (r for r in range(size) if r != rank):
+        while not os.path.exists(f"{run}-{other}.pt"):
+            time.sleep(0.01)
+        for g, theirs in zip(grads, torch.load(f"{run}-{other}.pt")):
+            g.add_(theirs)
+
+
+def test_partial_gradients_summed_through_a_file_fail():
+    first, hint = first_line_and_hint(check_sync_sequence_parallel_grads, through_a_file)
+    assert "bytes by torch.distributed, for partial gradients of" in first, first
+    assert "not a file" in hint, hint

@@ -152,3 +152,35 @@ def test_wrong_answers_fail(answer, says, hint):
     first, got_hint = first_line_and_hint(check_name_the_bug, answer, seed=SEED)
     assert first.startswith("name_the_bug on a run of ") and says in first, first
     assert hint in got_hint, got_hint
+
+
+def test_an_unwritten_first_divergence_is_named_not_name_the_bug():
+    # exercise 1 still the stub `dlcourse exercises build` writes; name_the_bug calls it
+    def first_divergence(reference, parallel, tolerance):
+        raise NotImplementedError("Hint: walk the traces")
+
+    def calls_the_stub(case):
+        return first_divergence(*case["traces"][0], case["tolerance"]), "dp_grads_summed"
+
+    first, _ = first_line_and_hint(check_name_the_bug, calls_the_stub, seed=SEED)
+    assert first.startswith("first_divergence is not written yet (calls_the_stub calls it)"), first
+
+
+def as_a_dataclass(case):
+    from dataclasses import dataclass
+
+    @dataclass
+    class Place:
+        step: int
+        phase: str
+        name: str
+
+    place, bug = reasoned(case)
+    return Place(*place), bug
+
+
+def test_a_dataclass_place_passes_when_graded(capsys):  # the rank sends back data only
+    from dlcourse import pickling
+    from dlcourse.checks.core import Submitted
+    check_name_the_bug(Submitted("name_the_bug", pickling.dumps(as_a_dataclass)), seed=SEED)
+    assert "name_the_bug: passed on 4 runs" in capsys.readouterr().out

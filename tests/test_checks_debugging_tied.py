@@ -6,6 +6,8 @@ parameter across instead (the copies equal, the gradient still missing the outpu
 a fix that knows only ranks 0 and 1, and one that completes the first stage's copy only fail with
 the hint that names the mistake; lesson 06's own exchange is refused."""
 
+import tempfile
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -110,3 +112,62 @@ def test_a_fix_for_two_ranks_only_fails_on_three():
 def test_the_lessons_exchange_is_refused():
     first, _ = first_line_and_hint(check_sync_tied_grads, with_the_lesson)
     assert "called sync_tied_grads from dlcourse.parallel.pipeline.stages" in first, first
+
+
+def rebuilt_from_the_lessons_file(stages, group):  # lesson 06's own, exec'd from its text
+    import dlcourse.parallel.pipeline.stages as lesson
+    namespace = {}
+    exec(compile(open(lesson.__file__).read(), "a copy", "exec"), namespace)
+    namespace["sync_tied_grads"](stages, group)
+
+
+def test_the_lessons_function_rebuilt_from_its_file_in_the_rank_is_refused():
+    first, _ = first_line_and_hint(check_sync_tied_grads, rebuilt_from_the_lessons_file)
+    assert "called sync_tied_grads from dlcourse.parallel.pipeline.stages" in first, first
+
+
+def ends_from_the_world(stages, group):  # the last rank of the world, not of the pipeline
+    first, last = _ends(stages)
+    if first is None and last is None:
+        return
+    mine = first if first is not None else last
+    peer = dist.get_world_size() - 1 if first is not None else 0
+    theirs = torch.empty_like(mine.grad)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine.grad, peer),
+                                        dist.P2POp(dist.irecv, theirs, peer)]):
+        work.wait()
+    mine.grad.add_(theirs)
+
+
+def test_a_fix_that_finds_the_ends_in_the_world_fails_beside_data_parallelism():
+    first, hint = first_line_and_hint(check_sync_tied_grads, ends_from_the_world, timeout=5)
+    assert first.startswith("sync_tied_grads on 2 pipeline stages (1F1B, 2 micro-batches, each "
+                            "stage on 2 data-parallel ranks"), first
+    assert "find the other end in `group`" in hint, hint
+
+
+SHARED = tempfile.mkdtemp(prefix="dlcourse-tied-side-")  # a folder every rank can read
+
+
+def through_a_file(stages, group):  # the ends swap gradients through a shared folder
+    import os
+    import time
+    first, last = _ends(stages)
+    if first is None and last is None:
+        return
+    mine, me = (first, "first") if first is not None else (last, "last")
+    run = f"{SHARED}/{os.environ['MASTER_PORT']}-{dist.get_global_rank(group, 0)}"
+    calls = through_a_file.__dict__.setdefault(run, [0])
+    calls[0] += 1
+    torch.save(mine.grad, f"{run}-{calls[0]}-{me}.tmp")
+    os.replace(f"{run}-{calls[0]}-{me}.tmp", f"{run}-{calls[0]}-{me}.pt")
+    theirs = f"{run}-{calls[0]}-{'last' if me == 'first' else 'first'}.pt"
+    while not os.path.exists(theirs):
+        time.sleep(0.01)
+    mine.grad.add_(torch.load(theirs))
+
+
+def test_gradients_swapped_through_a_file_fail():
+    first, hint = first_line_and_hint(check_sync_tied_grads, through_a_file)
+    assert "bytes by torch.distributed, less than the other copy's gradient" in first, first
+    assert "not a file" in hint, hint

@@ -111,3 +111,30 @@ def test_plain_types_pass_when_graded(answer, capsys):
     """As `dlcourse grade` runs it: on a rank, numpy integers and Fractions read back as data."""
     check_a2a_bytes_per_layer(Submitted("a2a_bytes_per_layer", pickling.dumps(answer)))
     assert "a2a_bytes_per_layer: passed" in capsys.readouterr().out
+
+
+def rebuilt_from_the_lessons_file(tokens, hidden, top_k, ep, itemsize):  # exec'd from its text
+    from types import SimpleNamespace
+
+    import dlcourse.parallel.expert.measure as lesson
+    namespace = {}
+    exec(compile(open(lesson.__file__).read(), "a copy", "exec"), namespace)
+    config = SimpleNamespace(top_k=top_k, seq_len=tokens, hidden=hidden)
+    one = namespace["all_to_all_formula"](config, 1, ep, itemsize)
+    return {"forward": 2 * one, "backward": 2 * one}
+
+
+def test_the_lessons_formula_rebuilt_from_its_file_while_it_runs_is_refused():
+    first, _ = first_line_and_hint(check_a2a_bytes_per_layer, rebuilt_from_the_lessons_file)
+    assert "called all_to_all_formula from dlcourse.parallel.expert.measure" in first, first
+
+
+def rebuilt_with_the_hook_off(tokens, hidden, top_k, ep, itemsize):
+    import sys
+    sys.setprofile(None)
+    return rebuilt_from_the_lessons_file(tokens, hidden, top_k, ep, itemsize)
+
+
+def test_the_hook_that_refuses_a_rebuilt_copy_cannot_be_switched_off():
+    first, _ = first_line_and_hint(check_a2a_bytes_per_layer, rebuilt_with_the_hook_off)
+    assert "called sys.setprofile, which this exercise does not allow" in first, first

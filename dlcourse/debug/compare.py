@@ -48,6 +48,25 @@ def compare_trace(reference, trace, grad_order, subject, cfg):
     return gaps, compared
 
 
+def aligned(reference, trace, grad_order, subject, cfg):
+    """(reference, trace) as `compare_trace` reads them, for a reader of its own (lesson 10's
+    exercises): the reference's activations cut to this rank's piece (`_view`), the gradients
+    in `grad_order`, and in both traces only the names both hold, in the same order, so position
+    i of one is position i of the other; every tensor a copy."""
+    refs, mine = [], []
+    for (step, phase, ref), (_, _, got) in zip(reference, trace):
+        r, m = {}, {}
+        for name in _order(phase, ref, grad_order):
+            if name not in got:
+                continue
+            want = _view(ref[name], got[name], subject, cfg) if phase == _PHASES[1] else ref[name]
+            if want is not None and want.shape == got[name].shape:
+                r[name], m[name] = want.clone(), got[name].clone()
+        refs.append((step, phase, r))
+        mine.append((step, phase, m))
+    return refs, mine
+
+
 def _order(phase, ref, grad_order):
     if phase != _PHASES[2]:
         return list(ref)  # activations: forward order; parameters: the model's order

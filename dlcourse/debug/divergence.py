@@ -155,7 +155,7 @@ def find_divergences(cases, world_size=None, timeout=120):
     """Reports for several (strategy name, bug name or None[, DebugConfig]) cases run in one
     job (one launch: the cheap way to check many). The cases' strategies must share a world size.
     In place of a bug's name a `Bug` of one's own may be given (its patches made importable)."""
-    jobs = [_job(*case) for case in cases]
+    jobs = [job(*case) for case in cases]
     sizes = {SUBJECTS[name].world_size for name, _, _ in jobs}
     if len(sizes) != 1:
         raise ValueError(f"cases need different numbers of ranks {sorted(sizes)}: run each size "
@@ -191,7 +191,7 @@ def losses_on_rank(jobs, n_steps):
 def loss_curves(cases, n_steps=20, timeout=300):
     """[(one process's losses, the strategy's losses)] of n_steps steps per case, one job for
     all (cases as for `find_divergences`): what a training log would show."""
-    jobs = [_job(*case) for case in cases]
+    jobs = [job(*case) for case in cases]
     sizes = {SUBJECTS[name].world_size for name, _, _ in jobs}
     if len(sizes) != 1:
         raise ValueError(f"cases need different numbers of ranks {sorted(sizes)}")
@@ -199,7 +199,10 @@ def loss_curves(cases, n_steps=20, timeout=300):
                            timeout=timeout)[0]
 
 
-def _job(name, bug=None, cfg=None):
+def job(name, bug=None, cfg=None):
+    """(name, bug, DebugConfig) as a rank runs it (`compare_on_rank`, and lesson 10's exercise
+    checks): the strategy and the bug checked against SUBJECTS and the catalogue, the config the
+    strategy needs (its world size's) with what the bug needs to show."""
     if name not in SUBJECTS:
         raise ValueError(f"unknown strategy {name!r}; choose from {list(SUBJECTS)}")
     if bug is not None and not isinstance(bug, Bug) and bug not in CATALOGUE:

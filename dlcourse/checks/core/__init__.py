@@ -7,6 +7,7 @@ it runs, and fail with a message a student can act on. Lesson 00's checks
     cases.py    draw, @fresh_cases (cases drawn afresh on every run)
     expect.py   expect_tensor, fail, CheckFailed, ... (comparing, and the messages)
     refuse.py   the mechanisms: replaced, refusal, forbidden, no_store, none_named
+    copies.py   a copy of a refused function made while the student's code runs, refused
     answers.py  the one engine an exercise set declares its answers to: Answers
     stubs.py    a function not written yet
     verdict.py  `python -m dlcourse.checks.core.verdict`: a submission's check, graded apart

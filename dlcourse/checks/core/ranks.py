@@ -11,8 +11,10 @@ import torch
 import dlcourse
 from dlcourse import pickling, returned
 from dlcourse.checks.core.expect import CheckFailed, expect_callable
+from dlcourse.checks.core.copies import copies_refused
 from dlcourse.checks.core.refuse import ForbiddenCall, Refused, forbidden, no_store, none_named
-from dlcourse.checks.core.stubs import is_stub_text, not_written, stub_message
+from dlcourse.checks.core.stubs import (NotWritten, is_stub_text, not_written, stub_message,
+                                       stub_raising)
 from dlcourse.errors import RankError, RankTimeout
 from dlcourse.launcher import PerRank, launch_as_data
 
@@ -86,7 +88,8 @@ class StudentCode:
         with forbidden(self.forbid, self.why_forbidden), none_named(), no_store(), \
                 (self.guard() if self.guard else contextlib.nullcontext()) as refused:
             _refuse_copies(refused, self.fn)
-            yield
+            with copies_refused(refused, self.fn):
+                yield
 
     @property
     def fn(self):
@@ -97,7 +100,19 @@ class StudentCode:
 
     def __call__(self, *args, **kwargs):
         with self.guarded():
-            return self.fn(*args, **kwargs)
+            try:
+                return self.fn(*args, **kwargs)
+            except NotImplementedError as error:
+                raise _named_stub(error, getattr(self.fn, "__name__", None))
+
+
+def _named_stub(error, caller):
+    """`error`, or where a stub other than the student's function raised it (the student's
+    function calls another exercise's, still unwritten), a NotWritten that names that stub."""
+    stub = stub_raising(error)
+    if stub is None or stub == caller or isinstance(error, NotWritten):
+        return error
+    return NotWritten(not_written(stub, str(error), caller)).with_traceback(None)
 
 
 def _explain(exercise, where, hint, error):
@@ -105,6 +120,8 @@ def _explain(exercise, where, hint, error):
     outcome = error.outcome
     if outcome is not None and outcome.raised(ForbiddenCall):
         return f"{where}: rank {error.rank} {outcome.message}"
+    if outcome is not None and outcome.raised(NotWritten):  # another exercise's stub, named
+        return outcome.message
     # The stub that `dlcourse exercises build` writes, not a NotImplementedError from torch.
     if (outcome is not None and outcome.exception == "NotImplementedError"
             and is_stub_text(outcome.message)):
@@ -166,18 +183,26 @@ def call_in_process(fn, args, *, exercise, where, guard=None, hint="", answer=No
     return _call(fn, args, exercise, where, guard, hint, answer)
 
 
+# What the rank is sent in place of the case's name and hint, put back in its message here: a
+# name can tell what the answer is ("rank 1's traces of X with bug 'b'"), and the rank is sent
+# the arguments only, as `run_on_ranks`'s are.
+_WHERE, _HINT = "\x00where\x00", "\x00hint\x00"
+
+
 def _call_submitted(fn, args, exercise, where, guard, hint, answer):
     __tracebackhide__ = True
     try:
-        [value] = launch_as_data(_call_in_rank, fn.payload, args, exercise, where, guard, hint,
-                                 answer, world_size=1, backend="gloo", timeout=CHECK_TIMEOUT_S)
+        [value] = launch_as_data(_call_in_rank, fn.payload, args, exercise, _WHERE, guard,
+                                 _HINT if hint else "", answer, world_size=1, backend="gloo",
+                                 timeout=CHECK_TIMEOUT_S)
         return value
     except RankTimeout:
         raise CheckFailed(f"{where}: did not return within {CHECK_TIMEOUT_S:g} s") from None
     except RankError as error:
         outcome = error.outcome
         if outcome is not None and outcome.raised(CheckFailed):
-            raise CheckFailed(outcome.message) from None
+            message = outcome.message.replace(_WHERE, where).replace(_HINT, hint)
+            raise CheckFailed(message) from None
         raise CheckFailed(_explain(exercise, where, hint, error)) from None
 
 
@@ -192,11 +217,15 @@ def _call(fn, args, exercise, where, guard, hint, answer=None):
     try:
         with guard(fn) if guard else contextlib.nullcontext() as refused:
             _refuse_copies(refused, fn)
-            value = fn(*args)
+            with copies_refused(refused, fn):
+                value = fn(*args)
         return returned.as_data(answer(value, *args) if answer else value)  # as `_in_rank`'s
     except ForbiddenCall as error:
         raise CheckFailed(f"{where}: {error}") from None
     except NotImplementedError as error:
+        error = _named_stub(error, getattr(fn, "__name__", None))
+        if isinstance(error, NotWritten):
+            raise CheckFailed(str(error)) from None
         if error.args and not str(error).startswith("Hint:"):  # torch's own: the student's bug
             raise CheckFailed(f"{where}: raised NotImplementedError: {error}") from error
         raise CheckFailed(f"{exercise} is not written yet: replace its `raise "

@@ -8,7 +8,8 @@ calls the library's own. Three ways in, three guards (all undone when the check 
   names bound to other objects (a class, a table) in `namespaces` are rebound to the stand-in.
   A copy of the function made before the check (`types.FunctionType(f.__code__, ...)`, or one
   rebuilt by pickling) is found by `copies_in(fn)`, which follows what the student's function
-  refers to and compares code objects.
+  refers to and compares code objects; one made while the student's code runs (the library
+  file's text read and exec'd) is refused when it is called (`copies_refused`, a profile hook).
 - `forbidden(names, why)`: torch.distributed's functions of those names raise, and so does the
   collective itself when it reaches torch's dispatcher by another road (a `ProcessGroup`
   method, the functional collectives), which lesson 02's `CommCounter` also watches.

@@ -1,5 +1,7 @@
 """The stub `dlcourse exercises build` writes for an exercise, recognised without running it:
-a check answers "not written yet" at once instead of starting ranks that could only raise."""
+a check answers "not written yet" at once instead of starting ranks that could only raise; and
+recognised where it raised (`stub_raising`), so that an exercise that calls another one still
+unwritten (lesson 10's name_the_bug calls first_divergence) names that one."""
 
 import dis
 import types
@@ -14,9 +16,15 @@ def stub_message(fn):
     constant text, the stub `dlcourse exercises build` writes (the text empty or a "Hint: ...");
     None for anything else. Such a function can do nothing but raise, whatever it is given, so
     a check can say that it is not written yet without starting ranks."""
-    if not isinstance(fn, types.FunctionType) or fn.__code__.co_names != ("NotImplementedError",):
+    if not isinstance(fn, types.FunctionType):
         return None
-    instructions = list(dis.get_instructions(fn.__code__))
+    return _stub_text(fn.__code__)
+
+
+def _stub_text(code):
+    if code.co_names != ("NotImplementedError",):
+        return None
+    instructions = list(dis.get_instructions(code))
     if not {i.opname for i in instructions} <= _STUB_OPS:
         return None
     texts = [i.argval for i in instructions if i.opname == "LOAD_CONST"]
@@ -30,6 +38,24 @@ def is_stub_text(message):
     return not message or message.startswith("Hint:")
 
 
-def not_written(exercise, message):
-    return (f"{exercise} is not written yet: replace its `raise NotImplementedError` line "
-            f"with your code. {message}").rstrip()
+def stub_raising(error):
+    """The name of the stub whose `raise NotImplementedError` raised `error` (the innermost
+    frame of its traceback, when that frame's code is a stub's as `stub_message` reads it), or
+    None."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or _stub_text(tb.tb_frame.f_code) is None:
+        return None
+    return tb.tb_frame.f_code.co_name
+
+
+class NotWritten(NotImplementedError):
+    """Raised in a rank instead of a stub's NotImplementedError that a student's function
+    reached by calling another exercise's function: its message names the stub."""
+
+
+def not_written(exercise, message, caller=None):
+    called = f" ({caller} calls it)" if caller and caller != exercise else ""
+    return (f"{exercise} is not written yet{called}: replace its `raise NotImplementedError` "
+            f"line with your code. {message}").rstrip()

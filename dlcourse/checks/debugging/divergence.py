@@ -10,13 +10,16 @@ reads. One of the bug cases is a witness, chosen by what its traces show: it par
 activation or a gradient, another tensor of the same step and phase is wrong after it, and a
 later gap is larger than the first; so reading only the parameters, walking a phase in another
 order (the model's, by name) and naming the largest gap each name a later place, and fail.
+The four drawn runs are then recorded again with weights and data drawn for this check's run
+(`runs.traces_afresh`, one launch): the traces a student reads are never the same twice, so a
+table of answers keyed by their values (collected from failures) finds nothing.
 
 A few tensors before the first gap (anywhere, in the correct run) are nudged by 1e-14 of their
 size, float64 rounding's order: a correct strategy adds in another order (some match exactly,
 so the nudge makes sure an exact comparison is caught), and lesson 10's tolerance is there not
 to count that. The answer is the lesson's own
 comparison (`reference.first_gap`, on `compare_trace`), computed after the student's function
-has returned; while it runs the lesson's tool is refused (`refusal.py`).
+has returned (and, for the nudges, before it, not kept where the student's code could read it); while it runs the lesson's tool is refused (`refusal.py`).
 """
 
 import numbers
@@ -25,7 +28,7 @@ from dlcourse.checks.core import (CheckFailed, call_in_process, expect_callable,
                                   fresh_cases, kind)
 from dlcourse.checks.debugging.reference import first_gap
 from dlcourse.checks.debugging.refusal import debugging_guard_for
-from dlcourse.checks.debugging.runs import CORRECT, all_traces
+from dlcourse.checks.debugging.runs import CORRECT, all_traces, traces_afresh
 from dlcourse.checks.core.stubs import not_written, stub_message
 from dlcourse.debug.compare import TOLERANCE
 from dlcourse.debug.divergence import PHASES
@@ -44,26 +47,26 @@ def check_first_divergence(first_divergence, *, rng):
     expect_callable(first_divergence, "first_divergence")
     if stub_message(first_divergence) is not None:  # a stub can only raise: say so, no run
         raise CheckFailed(not_written("first_divergence", stub_message(first_divergence)))
-    runs = all_traces()
-    cases = _draw(runs, rng)
+    cases, witness = _draw(all_traces(), rng)
+    runs = _afresh(cases, witness, rng)
     for name, bug, rank in cases:
         reference, trace = runs[(name, bug)][rank]
-        want = first_gap(reference, trace)
-        trace = _nudged(trace, want, rng)
+        trace = _nudged(trace, first_gap(reference, trace), rng)
         where = (f"first_divergence on rank {rank}'s traces of {name}"
                  + (f" with bug {bug!r}" if bug else " (correct)"))
         got = call_in_process(first_divergence, (_copy(reference), _copy(trace), TOLERANCE),
                               exercise="first_divergence", where=where,
-                              guard=debugging_guard_for, hint=HINT)
-        _expect_place(got, want, reference, trace, where)
+                              guard=debugging_guard_for, hint=HINT, answer=place_as_data)
+        _expect_place(got, first_gap(reference, trace), reference, trace, where)
     print(f"first_divergence: passed on {len(cases)} runs drawn at random "
           f"({', '.join(b or 'a correct strategy' for _, b, _ in cases)}; 2 ranks, 2 steps, "
           "float64): each first place where the run parts, or none, rounding not counted")
 
 
 def _draw(runs, rng):
-    """[(strategy, bug or None, rank)]: three bug cases of different bugs, one of them a witness
-    (see the module's docstring), and one correct strategy; in a random order."""
+    """([(strategy, bug or None, rank)], the witness): three bug cases of different bugs, one
+    of them a witness (see the module's docstring), and one correct strategy; in a random
+    order. `runs` (one seed's) tell which cases are witnesses."""
     bug_cases = [(name, bug, rank) for (name, bug) in runs if bug for rank in range(2)]
     witnesses = [c for c in bug_cases if _witness(*runs[c[:2]][c[2]])]
     cases = [rng.choice(witnesses)]
@@ -72,9 +75,20 @@ def _draw(runs, rng):
         case = rng.choice(others)
         others = [c for c in others if c[1] != case[1]]
         cases.append(case)
+    witness = cases[0]
     cases.append((rng.choice(CORRECT), None, rng.randrange(2)))
     rng.shuffle(cases)
-    return cases
+    return cases, witness
+
+
+def _afresh(cases, witness, rng):
+    """The drawn cases' runs again with weights and data drawn from `rng` (so their values are
+    no table's), where the witness is a witness too (nearly every seed; else the third)."""
+    for _ in range(3):
+        runs = traces_afresh(tuple(dict.fromkeys(c[:2] for c in cases)), rng.randrange(10**6))
+        if _witness(*runs[witness[:2]][witness[2]]):
+            break
+    return runs
 
 
 def _witness(reference, trace):
@@ -119,6 +133,15 @@ def _nudged(trace, want, rng):
         k = int(t.abs().argmax())
         t[k] += NUDGE * max(1.0, float(t.abs().max()))
     return trace
+
+
+def place_as_data(got, *args):
+    """`call_in_process(answer=...)`: an object with step, phase and name (a dataclass) as the
+    tuple it means, made where it was returned: a graded submission's rank sends back data only."""
+    if got is not None and not isinstance(got, (tuple, list, dict)) \
+            and all(hasattr(got, k) for k in ("step", "phase", "name")):
+        return got.step, got.phase, got.name
+    return got
 
 
 def _read(got):

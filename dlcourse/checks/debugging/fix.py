@@ -13,7 +13,8 @@ with the same model trained in one process (computed here, in the checking proce
 ranks). On 2 and 3 ranks, in a random order, with weights and data drawn from the seed: a fix
 that holds for one world size only fails on the other; a fix that hides the symptom (ranks made
 equal by a broadcast, gradients averaged where they must be summed) fails on the gradients even
-where AdamW would nearly hide it in the parameters.
+where AdamW would nearly hide it in the parameters. Each call's messages are counted
+(CommCounter): partial gradients summed through a shared file instead fail.
 """
 
 
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.checks.debugging.refusal import refusing_debugging
+from dlcourse.collectives.counter import CommCounter
 from dlcourse.debug.bugs import CATALOGUE
 from dlcourse.debug.capture import gradients_shown, intercept_step
 from dlcourse.debug.compare import TOLERANCE
@@ -77,7 +79,15 @@ def _fix_in_rank(student, world_size, seed):
         subject = grid_subject(GridPlan(RankGrid(tp=world_size), sequence_parallel=True), cfg)
     model = subject.modules[0]
     partial = [n for n, p in model.named_parameters() if getattr(p, "sequence_partial", False)]
-    return _train(subject, cfg, x, y, fix=lambda: student(model, dist.group.WORLD)), partial
+    received = []
+
+    def counted():  # the bytes each call brings this rank by torch.distributed (not its sends)
+        with CommCounter() as comm:
+            student(model, dist.group.WORLD)
+        received.append(sum(r.nbytes for r in comm.records if r.op != "send"))
+
+    need = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n in partial)
+    return _train(subject, cfg, x, y, fix=counted), partial, received, need
 
 
 def refuse_debugging():
@@ -102,11 +112,25 @@ def check_sync_sequence_parallel_grads(sync_sequence_parallel_grads, timeout=CHE
                                 exercise="sync_sequence_parallel_grads", where=where, hint=HINT,
                                 harness=_fix_in_rank, guard=refuse_debugging,
                                 timeout=timeout)
-        for rank, ((got, partial), _) in enumerate(outcomes):
+        for rank, ((got, partial, received, need), _) in enumerate(outcomes):
+            _expect_messages(received, need, where, rank)
             _expect_run(got, want, where, rank, world_size, partial)
     print(f"sync_sequence_parallel_grads: passed on {', '.join(map(str, sizes))} ranks (TP + SP "
           f"GPT, {STEPS} AdamW steps, weights drawn at random): every gradient before each step "
           "and every parameter after it equal one process's, to float64 rounding")
+
+
+def _expect_messages(received, need, where, rank):
+    """Every rank must be brought the others' partial gradients by messages: at least half their
+    bytes (an all-reduce brings all of them, a ring of send/recv 2(n-1)/n, a reduce-scatter then
+    an all-gather as much), none through a file."""
+    __tracebackhide__ = True
+    short = [b for b in received if 2 * b < need]
+    if short:
+        fail(where, rank, f"a call of your function brought this rank {short[0]} bytes by "
+                          f"torch.distributed, for partial gradients of {need} bytes",
+             "the other ranks' parts must come as messages over `group` (a collective or "
+             "send/recv), not a file or another side channel")
 
 
 def _expect_run(got, want, where, rank, world_size, partial):

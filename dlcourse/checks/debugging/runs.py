@@ -14,12 +14,14 @@ position i of the other. Every bug and correct strategy runs once per process, i
 
 import functools
 import tempfile
+from dataclasses import replace
 
 import dlcourse
 from dlcourse.debug import SUBJECTS, launch_traced, read_traces
 from dlcourse.debug.bugs import CATALOGUE, data_parallel_steps
-from dlcourse.debug.compare import _order, _view
-from dlcourse.debug.divergence import PHASES, _job, record_pair
+from dlcourse.debug.compare import aligned
+from dlcourse.debug.divergence import job, record_pair
+from dlcourse.debug.subjects import DebugConfig
 
 # 2-rank bugs that make a run part from the reference (not the slow one: no divergence)
 BUGS = [name for name, bug in CATALOGUE.items()
@@ -33,23 +35,8 @@ def traces_on_rank(jobs):
     out = []
     for name, bug, cfg in jobs:
         ref_trace, order, subject, trace, _ = record_pair(name, bug, cfg)
-        out.append(_aligned(ref_trace, trace, order, subject, cfg))
+        out.append(aligned(ref_trace, trace, order, subject, cfg))
     return out
-
-
-def _aligned(ref_trace, trace, order, subject, cfg):
-    refs, mine = [], []
-    for (step, phase, ref), (_, _, got) in zip(ref_trace, trace):
-        r, m = {}, {}
-        for name in _order(phase, ref, order):
-            if name not in got:
-                continue
-            want = _view(ref[name], got[name], subject, cfg) if phase == PHASES[1] else ref[name]
-            if want is not None and want.shape == got[name].shape:
-                r[name], m[name] = want.clone(), got[name].clone()
-        refs.append((step, phase, r))
-        mine.append((step, phase, m))
-    return refs, mine
 
 
 JOBS = tuple([(CATALOGUE[name].subject, name) for name in BUGS]
@@ -60,10 +47,22 @@ JOBS = tuple([(CATALOGUE[name].subject, name) for name in BUGS]
 def all_traces():
     """{(strategy, bug or None): [per rank: (reference, trace)]} of every job in JOBS: one
     launch (~5 s on 2 loaded cores) for a kernel's checks; the draws choose among them."""
-    full = [_job(name, bug) for name, bug in JOBS]
+    full = [job(name, bug) for name, bug in JOBS]
     per_rank = dlcourse.launch(traces_on_rank, full, world_size=2, backend="gloo", timeout=300)
     return {job: [per_rank[r][i] for r in range(2)] for i, job in enumerate(JOBS)}
 
+
+@functools.lru_cache(maxsize=2)  # `seed=` replays a check's run without running it again
+def traces_afresh(jobs, seed, timeout=120):
+    """{(strategy, bug or None): [per rank: (reference, trace)]} of `jobs` (a tuple of (strategy,
+    bug or None)) with the weights and data drawn from `seed`: one launch (~3 s for 4 jobs on 2
+    loaded cores). Where a run first parts depends on the bug, not on the weights (the same
+    place at the three seeds tried for every job), so `all_traces` tells which to draw and these are graded."""
+    full = [job(name, bug, replace(DebugConfig(seed=seed), **SUBJECTS[name].config))
+            for name, bug in jobs]
+    per_rank = dlcourse.launch(traces_on_rank, full, world_size=2, backend="gloo",
+                               timeout=timeout)
+    return {jb: [per_rank[r][i] for r in range(2)] for i, jb in enumerate(jobs)}
 
 
 @functools.lru_cache(maxsize=1)

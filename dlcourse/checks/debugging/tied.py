@@ -14,6 +14,11 @@ here, not in the ranks), in float64, on 2 and 3 stages in a random order: a fix 
 the two ranks of a 2-stage pipeline fails on 3, where the last stage is rank 2 and rank 1 holds
 no copy. A fix that hides the symptom (the copies made equal by sending the parameter across)
 fails on the first step's gradient of tok_emb.weight, which lacks the output layer's part.
+Last, 2 stages beside data parallelism (dp = 2, 4 ranks: stage 0 on ranks 0 and 1, stage 1 on 2
+and 3): `group` is one pipeline's ranks, not the world, so a fix that finds the other end from
+the world's ranks (the last rank, rank 0) leaves two of the four waiting. Each call's messages
+are counted (CommCounter): a rank holding a copy must be brought at least a gradient's bytes by
+torch.distributed, so copies that swap gradients through a shared file fail.
 """
 
 from unittest import mock
@@ -21,6 +26,7 @@ from unittest import mock
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.checks.debugging.fix import _train
 from dlcourse.checks.debugging.refusal import refusing_tied
+from dlcourse.collectives.counter import CommCounter
 from dlcourse.debug.bugs import CATALOGUE
 from dlcourse.debug.compare import TOLERANCE
 from dlcourse.debug.divergence import reference_subject
@@ -37,14 +43,20 @@ HINT = ("after backward, the first stage's tok_emb.weight and the last stage's l
         "and each stage's is_first / is_last, never from the number of ranks you tried")
 
 
+HANG_HINT = ("a rank waits for a message its peer never sends: `group` holds one pipeline's "
+             "ranks, which beside data parallelism are not the world's; find the other end in "
+             "`group` (dist.get_global_rank(group, ...)), not from dist.get_world_size()")
+
+
 def config(n_stages, seed):
     """The debug GPT with 3 blocks (one a stage on 3 stages), weights and data from `seed`."""
     model = GPTConfig(vocab_size=32, seq_len=8, n_layers=3, n_heads=2, hidden=16)
     return DebugConfig(model=model, seed=seed, steps=STEPS)
 
 
-def plan(n_stages):
-    return GridPlan(RankGrid(pp=n_stages), micro_batches=MICRO_BATCHES)
+def plan(n_stages, dp=1):
+    """n_stages of 1F1B, each replicated dp times (each replica its 4 / dp sequences)."""
+    return GridPlan(RankGrid(pp=n_stages, dp=dp), micro_batches=MICRO_BATCHES // dp)
 
 
 def reference_run(cfg):
@@ -54,16 +66,30 @@ def reference_run(cfg):
     return _train(subject, cfg, x, y, fix=None)
 
 
-def _tied_in_rank(student, n_stages, seed):
+def _tied_in_rank(student, n_stages, seed, dp=1):
     """Runs in every rank: 1F1B with the bug on, the student's exchange where the bug took
-    lesson 06's out."""
+    lesson 06's out. Returns (the run's steps, the bytes each call brought to this rank by
+    torch.distributed (all but its sends), a copy's gradient's bytes if this rank holds one)."""
     cfg = config(n_stages, seed)
     x, y = cfg.data()
     site, name, _ = CATALOGUE[BUG].patches[0]  # (executor, "sync_tied_grads", the bug's no-op)
-    with CATALOGUE[BUG].patch(), mock.patch.object(
-            site, name, lambda stages, group=None: student(stages, group)):
-        subject = grid_subject(plan(n_stages), cfg)
-        return _train(subject, cfg, x, y, fix=None)
+    received = []
+
+    def counted(stages, group=None):
+        with CommCounter() as comm:
+            student(stages, group)
+        received.append(sum(r.nbytes for r in comm.records if r.op != "send"))
+
+    with CATALOGUE[BUG].patch(), mock.patch.object(site, name, counted):
+        subject = grid_subject(plan(n_stages, dp), cfg)
+        copy = next((p for s in subject.modules for p in _copies(s)), None)
+        need = copy.numel() * copy.element_size() if copy is not None else 0
+        return _train(subject, cfg, x, y, fix=None), received, need
+
+
+def _copies(stage):
+    return ([stage.tok_emb.weight] if stage.is_first else []) + \
+        ([stage.lm_head.weight] if stage.is_last else [])
 
 
 @fresh_cases
@@ -74,19 +100,36 @@ def check_sync_tied_grads(sync_tied_grads, timeout=CHECK_TIMEOUT_S, *, rng):
     expect_callable(sync_tied_grads, "sync_tied_grads")
     sizes = [2, 3]
     rng.shuffle(sizes)
-    for n_stages in sizes:
+    for n_stages, dp in [(n, 1) for n in sizes] + [(2, 2)]:  # then beside data parallelism
         seed = rng.randrange(10**6)
         want = reference_run(config(n_stages, seed))
-        where = (f"sync_tied_grads on {n_stages} pipeline stages (1F1B, {MICRO_BATCHES} "
-                 f"micro-batches, weights seed {seed})")
-        outcomes = run_on_ranks(sync_tied_grads, [(n_stages, seed)] * n_stages,
+        where = (f"sync_tied_grads on {n_stages} pipeline stages (1F1B, {MICRO_BATCHES // dp} "
+                 f"micro-batches" + (f", each stage on {dp} data-parallel ranks" if dp > 1
+                                     else "") + f", weights seed {seed})")
+        outcomes = run_on_ranks(sync_tied_grads, [(n_stages, seed, dp)] * (n_stages * dp),
                                 exercise="sync_tied_grads", where=where, hint=HINT,
-                                harness=_tied_in_rank, guard=refusing_tied, timeout=timeout)
-        for rank, (got, _) in enumerate(outcomes):
+                                hang_hint=HANG_HINT, harness=_tied_in_rank,
+                                guard=refusing_tied, timeout=timeout)
+        for rank, ((got, received, need), _) in enumerate(outcomes):
+            _expect_message(received, need, where, rank)
             _expect_run(got, want, where, rank)
-    print(f"sync_tied_grads: passed on {', '.join(map(str, sizes))} pipeline stages (1F1B, "
+    print(f"sync_tied_grads: passed on {', '.join(map(str, sizes))} pipeline stages, and 2 "
+          "beside 2-way data parallelism (1F1B, "
           f"{STEPS} AdamW steps, weights drawn at random): every gradient before each step and "
           "every parameter after it equal one process's, to float64 rounding")
+
+
+def _expect_message(received, need, where, rank):
+    """A rank that holds one copy must be brought the other's gradient by a message."""
+    __tracebackhide__ = True
+    short = [b for b in received if b < need]
+    if short:
+        fail(where, rank, f"holds a copy of the tied matrix, but a call of your function brought "
+                          f"it {short[0]} bytes by torch.distributed, less than the other copy's "
+                          f"gradient ({need} bytes)", "the two copies live on two ranks, maybe "
+                          "two machines: the other copy's gradient must come as a message "
+                          "(send/recv or a collective over `group`), not a file or another "
+                          "side channel")
 
 
 def _expect_run(got, want, where, rank):
