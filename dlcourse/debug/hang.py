@@ -38,6 +38,7 @@ class CommTrace(CommCounter):
     def __init__(self, folder):
         super().__init__()
         self.rank = dist.get_rank()
+        os.makedirs(folder, exist_ok=True)  # under torchrun every rank may be the first here
         self.file = open(os.path.join(folder, f"rank{self.rank}.jsonl"), "w", buffering=1)
         self._group = None
 
