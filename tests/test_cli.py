@@ -14,10 +14,11 @@ from dlcourse.models import GPTConfig
 from dlcourse.parallel.combine import GridPlan, activation_formula
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.context.measure import cp_saved_tensors
-from dlcourse.tour.combine import PLANS
-from dlcourse.tour.context import METHOD_ROWS
-from dlcourse.tour.common import TourConfig
-from dlcourse.tour.pipeline import N_MICRO
+from dlcourse.strategies import Strategy, TourConfig, Trainer
+from dlcourse.strategies.catalogue import whole
+from dlcourse.strategies.combine import PLANS
+from dlcourse.strategies.context import METHODS as METHOD_ROWS
+from dlcourse.strategies.pipeline import N_MICRO
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.backends import cpu_cores
 
@@ -60,8 +61,9 @@ def test_tour_prints_every_row_matching_the_reference():
     skipped = []
     for row in tour.ROWS:
         line = next((l for l in table if l.startswith(row.name)), None)
-        if line is None:  # a grid of 4 or 8 ranks cannot run on 2: said, with the reason
-            assert any(l.startswith(f"skipped {row.name} at 2 ranks: the grid ") for l in table)
+        if line is None:  # a grid of 4 or 8 ranks cannot run on 2: said, with the ranks it needs
+            n = PLANS[row.name].grid.world_size
+            assert f"not run: {row.name} needs {n} ranks: run it with --world-size {n}" in table
             skipped.append(row.name)
             continue
         assert " yes " in line, line
@@ -99,18 +101,24 @@ def _activation_column_is_the_lessons_count(table):
         assert got == sum(r.nbytes for r in cp_saved_tensors(config, batch, 2, method)), (name, got)
 
 
-def _train_without_averaging(cfg):
+def _build_without_averaging(cfg, groups):
     """A plausible bug: each rank trains on its shard and never all-reduces its gradients."""
     model = cfg.new_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    x, y = shard_batch(cfg.data(), dist.group.WORLD)
-    loss, step_time = tour.timed_steps(cfg, model, optimizer, x, y)
-    return tour.RowResult(loss, tour.cpu_params(model), tour.held_bytes(model, optimizer), None,
-                          step_time)
+
+    def train_step(x, y):
+        x, y = shard_batch((x, y), groups.dp)
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+    full = lambda: dict(model.named_parameters())  # noqa: E731
+    return Trainer([model], optimizer, train_step, full)
 
 
 def test_tour_flags_a_strategy_that_does_not_match():
-    rows = [tour.ROWS[0], tour.Row("no gradient averaging", _train_without_averaging)]
+    rows = [Strategy("no gradient averaging", "03", whole("dp"), _build_without_averaging)]
     table = tour.run(world_size=2, steps=2, backend="gloo", rows=rows, out=lambda *_: None)
     assert [r["matches"] for r in table] == [True, False]
     assert table[1]["max |Δ| vs reference"] > 100 * tour.MATCH_TOLERANCE
@@ -167,7 +175,8 @@ def _ep_bytes_two_ways():
     from dlcourse.models import MoEGPT
     from dlcourse.parallel.expert import expert_parallel
     from dlcourse.parallel.expert.measure import rows_moved
-    from dlcourse.tour.experts import ep_step, moe_config, sent_bytes
+    from dlcourse.parallel.expert.compare import ep_step
+    from dlcourse.strategies.expert import moe_config, sent_bytes
     cfg, group = TourConfig(), dist.group.WORLD
     ep, x_y = dist.get_world_size(), shard_batch(cfg.data(), group)
     model = expert_parallel(MoEGPT(moe_config(cfg)), group)

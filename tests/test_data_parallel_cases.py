@@ -13,7 +13,8 @@ from dlcourse.models import GPT, GPTConfig, MLP, MLPConfig, lm_loss, synthetic_t
 from dlcourse.parallel.data.buckets import make_buckets
 from dlcourse.parallel.data.compare import NAMES, VARIANTS, count_step, ring_all_reduce_bytes, wrap
 from dlcourse.parallel.data.steps import shard_batch, train_step, uneven_loss_scale
-from dlcourse.plots.timeline import Span, Timeline, _stack_overlaps, plot_timeline
+from dlcourse.parallel.timeline import Span, Timeline
+from dlcourse.plots.timeline import _stack_overlaps, plot_timeline
 from dlcourse.tour import MATCH_TOLERANCE
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, n_layers=2, n_heads=2, hidden=16)

@@ -1,8 +1,8 @@
-"""Lesson 10's divergence finder on every row of `dlcourse tour` (issue 26: it "reports nothing
-for every correct strategy in the tour"): each distributed row of the tour's own table
-(`dlcourse.tour.ROWS`) has a Subject, and that Subject, run at its world size, matches the
-one-process reference in every compared tensor. A row added to the tour without a Subject fails
-`test_every_tour_row_has_a_subject` and its own row test.
+"""Lesson 10's divergence finder on every strategy of the catalogue (issue 26: it "reports nothing
+for every correct strategy in the tour"; issue 32: the tour, the finder and this test read one
+catalogue, `dlcourse.strategies.CATALOGUE`): each entry, run by the finder at its
+`finder_ranks`, matches the one-process reference in every compared tensor. A strategy added to
+the catalogue is a row here too.
 
 Float64 throughout (DebugConfig), so the finder's own threshold applies unchanged:
 `compare.TOLERANCE` = 1e-9 x max(1, |reference|), whose source is compare.py's docstring
@@ -10,7 +10,7 @@ Float64 throughout (DebugConfig), so the finder's own threshold applies unchange
 that issue 26's coverage work added (DTensor TP, torch pipelining) show that the same test
 fails, at the right place, when one gradient is wrong on one rank.
 
-One job per world size, each a module fixture: 2 ranks (22 rows, the DTensor perturbation), 4
+One job per world size, each a module fixture: 2 ranks (24 entries, the DTensor perturbation), 4
 (the 2-D grids; torch's pipelining and interleaved 1F1B as the tour runs them at its default 4
 ranks, 2 stages x 2 copies; the pipeline perturbation), 8 (the tour's dp x tp x pp grid).
 """
@@ -19,17 +19,15 @@ import pytest
 import torch.distributed as dist
 
 from dlcourse.debug import SUBJECTS, DebugConfig, find_divergences
-from dlcourse.debug import subjects_tour
 from dlcourse.debug.bugs import Bug
 from dlcourse.parallel.pipeline import torch_api
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.pipeline.executor import finish_gradients
 from dlcourse.parallel.tensor.compare import build as build_tp
-from dlcourse.tour import ROWS
+from dlcourse.strategies import CATALOGUE
+from dlcourse.strategies import tensor as tensor_strategies
 
-# the tour's one non-distributed row is the single process itself: the finder's reference
-ROW_NAMES = [row.name for row in ROWS if row.distributed]
-COVERED = [name for name in ROW_NAMES if name in SUBJECTS]
+NAMES = list(CATALOGUE)
 
 
 def _build_tp_doubling_a_bias_grad(variant, model, group):
@@ -63,7 +61,7 @@ PIPELINE_GRID = RankGrid(dp=2, pp=2)
 PERTURBED = {
     # a replicated parameter's gradient read on each rank: only rank 1's copy is wrong
     "DTensor TP": (Bug("DTensor TP", "rank 1 doubles one bias gradient", "",
-                       ((subjects_tour, "build_tp", _build_tp_doubling_a_bias_grad),)),
+                       ((tensor_strategies, "build_variant", _build_tp_doubling_a_bias_grad),)),
                    (1, "gradients", "blocks.1.mlp.proj.bias", [1])),
     # a stage's gradient, gathered by `gather_params` over rank 1's pp group: wrong on its
     # ranks, right on the other copy of the pipeline (block s is stage s's)
@@ -83,7 +81,7 @@ def _n_params(name):
 
 
 def _run(world_size):
-    cases = [(name, None) for name in COVERED if SUBJECTS[name].world_size == world_size]
+    cases = [(name, None) for name in NAMES if SUBJECTS[name].world_size == world_size]
     cases += [(name, bug) for name, (bug, _) in PERTURBED.items()
               if SUBJECTS[name].world_size == world_size]
     reports = find_divergences(cases, timeout=300)
@@ -92,18 +90,12 @@ def _run(world_size):
 
 @pytest.fixture(scope="module")
 def reports():
-    sizes = sorted({SUBJECTS[name].world_size for name in COVERED})
+    sizes = sorted({SUBJECTS[name].world_size for name in NAMES})
     return {key: report for size in sizes for key, report in _run(size).items()}
 
 
-def test_every_tour_row_has_a_subject():
-    missing = [name for name in ROW_NAMES if name not in SUBJECTS]
-    assert not missing, f"tour rows the divergence finder cannot run: {missing}"
-
-
-@pytest.mark.parametrize("name", ROW_NAMES)
-def test_correct_tour_row_reports_nothing(reports, name):
-    assert name in SUBJECTS, f"{name!r} has no Subject in dlcourse/debug/subjects*.py"
+@pytest.mark.parametrize("name", NAMES)
+def test_correct_strategy_reports_nothing(reports, name):
     report = reports[(name, False)]
     assert report.first is None, str(report)
     n = _n_params(name)  # every tensor compared, before and after each step, and activations

@@ -1,9 +1,7 @@
 """Debugging distributed training (lesson 10, `lessons/10_debugging.ipynb`): find the first place
 a parallel run parts from one process, and the call on which ranks stop agreeing.
 
-    subjects.py    the strategies the finder can run, through one interface (`Subject`)
-    subjects_tour.py  the tour's rows built outside lesson 07's combine (torch's DTensor TP,
-                   FSDP2 and pipelining, ZeRO offload, interleaved 1F1B)
+    subjects.py    the catalogue's strategies (`dlcourse.strategies`) as the finder runs them
     capture.py     forward hooks, gradients read before the step, unsharded by the strategy
     compare.py     a rank's trace against the reference's, tensor by tensor
     divergence.py  `find_divergence`: both runs, compared, the first gap and its ranks

@@ -30,6 +30,7 @@ from dlcourse.parallel.context.parallelize import GlobalPositions
 from dlcourse.parallel.data.buckets import all_reduce_buckets
 from dlcourse.parallel.expert import compare as ep_compare
 from dlcourse.parallel.pipeline import executor
+from dlcourse.parallel.tensor import compare as tp_compare
 from dlcourse.parallel.tensor import dropout as tp_dropout
 from dlcourse.parallel.tensor.comm import CopyToTensorParallel, g
 from dlcourse.parallel.tensor.dropout import TENSOR_PARALLEL
@@ -127,7 +128,9 @@ CATALOGUE = {
         "NVIDIA/Megatron-LM#1446 (final_layernorm's main_grad differs between TP ranks with SP, "
         "before the optimizer step); EleutherAI/gpt-neox#1257, the PR adding SP (a first commit "
         "left the LayerNorm gradients unsynchronised: its loss fell slower, then flattened)",
-        ((combine, "parallelize", partial(parallelize, sum_grads=False)),),
+        # lesson 07's grids and lesson 04's strategies (`tensor.compare.build`) each call it
+        ((combine, "parallelize", partial(parallelize, sum_grads=False)),
+         (tp_compare, "parallelize", partial(parallelize, sum_grads=False))),
         fix="all-reduce those partial gradients over the tp group after backward (lesson 04's "
             "all_reduce_sequence_partial_grads; Megatron's finalize_model_grads)"),
     "dp_no_broadcast": Bug(

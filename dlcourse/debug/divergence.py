@@ -29,7 +29,7 @@ from dlcourse.debug.capture import ActivationLog, gradients_shown, intercept_ste
 from dlcourse.debug.compare import compare_trace
 from dlcourse.debug.subjects import SUBJECTS, DebugConfig, Subject
 from dlcourse.models import lm_loss
-from dlcourse.tour.common import mean_loss
+from dlcourse.strategies.trainer import mean_loss
 
 PHASES = ("parameters before step 1", "activations", "gradients", "parameters after the step")
 

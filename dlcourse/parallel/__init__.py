@@ -1,19 +1,12 @@
 """Parallel training strategies, one subpackage each; every one takes a plain model and the
-process group of its axis, never a global.
+process group of its axis, never a global. `grid.py`'s RankGrid is built once and handed down,
+so that a strategy takes `groups.dp` or `groups.tp`; `timeline.py` records what each rank did,
+and when. The catalogue (`dlcourse.strategies`) declares each strategy once for the tour, the
+divergence finder and the benchmarks.
 
-    data/       data parallelism (lesson 03, `lessons/03_data_parallel.ipynb`)
-    tensor/     tensor and sequence parallelism (lesson 04, `lessons/04_tensor_parallel.ipynb`)
-    zero/       ZeRO stages 1-3 and offload (lesson 05, `lessons/05_zero.ipynb`)
-    pipeline/   stages, schedules as data, one executor (lesson 06, `lessons/06_pipeline.ipynb`)
-    context/    ring attention, zig-zag, Ulysses, all-gather-KV: the sequence split over ranks
-                (lesson 08, `lessons/08_context_parallel.ipynb`)
-    expert/     expert parallelism for the MoE GPT: experts sharded, tokens dispatched by
-                all-to-all of uneven splits (lesson 09, `lessons/09_experts.ipynb`)
-    grid.py     RankGrid: the sizes of the dp, tp and pp axes and each rank's groups (lesson 07),
-                built once and handed down, so a strategy takes `groups.dp` or `groups.tp`
-    combine.py  GridPlan, combine(model, plan, groups) -> GridTrainer: pp stages, tp inside each,
-                DP or ZeRO on dp, proven equal to one process (lesson 07)
-
-Each strategy offers what `dlcourse tour` composes: a way to wrap the plain model for a group,
-the training step, and a count of one step's communication (lesson 02's `CommCounter`).
+Its modules, by lesson (from the course's index, `dlcourse.lessons`):
 """
+
+from dlcourse.lessons import listing
+
+__doc__ += "\n" + listing(__name__) + "\n"

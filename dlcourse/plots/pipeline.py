@@ -1,5 +1,5 @@
 """Pictures of pipeline schedules (lesson 06): who runs which micro-batch when, and the bubble
-against its formula. Pure functions of spans (`dlcourse.plots.timeline.Span`) from a unit-time
+against its formula. Pure functions of spans (`dlcourse.parallel.timeline.Span`) from a unit-time
 simulation (`pipeline.measure.simulate`) or a measured run (`pipeline.measure.timed_step`).
 """
 

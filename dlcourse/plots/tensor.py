@@ -70,14 +70,8 @@ def plot_activation_bytes(tps, curves, measured):
             ax.plot(list(points), [v / 1e6 for v in points.values()], "o", color=colour,
                     label=f"{label}: measured")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(tps, [str(t) for t in tps])
-    ax.set_xlabel("tensor-parallel size t (ranks)")
-    ax.set_ylabel("activation bytes per rank (MB)")
-    ax.set_title("activations saved for backward, per rank")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _against_tp(fig, ax, tps, "activation bytes per rank (MB)",
+                       "activations saved for backward, per rank")
 
 
 def plot_step_time(tps, measured, predicted_comm):
@@ -85,10 +79,16 @@ def plot_step_time(tps, measured, predicted_comm):
     fig, ax = plt.subplots(figsize=(7, 4), dpi=DPI)
     ax.plot(tps, [1000 * s for s in measured], "o-", label="measured step time")
     ax.plot(tps, [1000 * s for s in predicted_comm], "s--", label="collectives (alpha-beta model)")
+    return _against_tp(fig, ax, tps, "milliseconds per training step",
+                       "step time against tensor-parallel size on this machine")
+
+
+def _against_tp(fig, ax, tps, ylabel, title):
+    """The axes of a figure against the tensor-parallel size: one tick per t, labels, legend."""
     ax.set_xticks(tps, [str(t) for t in tps])
     ax.set_xlabel("tensor-parallel size t (ranks)")
-    ax.set_ylabel("milliseconds per training step")
-    ax.set_title("step time against tensor-parallel size on this machine")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

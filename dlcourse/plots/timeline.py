@@ -1,58 +1,14 @@
-"""Timelines from real runs: what each rank was doing, and when (lesson 03; reusable by later
-lessons, e.g. a pipeline schedule's forward and backward micro-batches per stage).
+"""Timelines from real runs drawn: what each rank was doing, and when (lesson 03; later lessons
+too, e.g. a pipeline schedule's forward and backward micro-batches per stage).
 
-In a rank, a `Timeline` records spans (a lane, a name, a start and an end); the ranks return
-their spans, and `plot_timeline` draws them all on one time axis:
+The ranks record spans with `dlcourse.parallel.timeline.Timeline` and return them; this module
+only draws what it is handed:
 
-    timeline = Timeline(rank)
-    with timeline.span("compute", "forward"):
-        ...
-    spans = sum(dlcourse.launch(job), [])       # every rank's spans
+    spans = sum(dlcourse.launch(job), [])       # every rank's `Span`s
     plot_timeline(spans, "title")
-
-Times come from `time.perf_counter()`, on Linux the system-wide CLOCK_MONOTONIC, so spans from
-different processes on one machine share a time axis. Ranks on several machines do not.
 """
 
-import contextlib
 import re
-import time
-from dataclasses import dataclass
-
-
-@dataclass
-class Span:
-    rank: int
-    lane: str  # the row it is drawn in within its rank, e.g. "compute" or "all-reduce"
-    name: str  # what ran, e.g. "backward" or "bucket 2"; one colour per name
-    start: float  # seconds, time.perf_counter()
-    end: float
-
-    @property
-    def duration(self):
-        return self.end - self.start
-
-
-class Timeline:
-    """The spans recorded in one rank. `add` may be called from a communication thread (a
-    future's callback): appending to a list is atomic in CPython."""
-
-    now = staticmethod(time.perf_counter)
-
-    def __init__(self, rank):
-        self.rank = rank
-        self.spans = []
-
-    def add(self, lane, name, start, end):
-        self.spans.append(Span(self.rank, lane, name, start, end))
-
-    @contextlib.contextmanager
-    def span(self, lane, name):
-        start = self.now()
-        try:
-            yield
-        finally:
-            self.add(lane, name, start, self.now())
 
 
 def plot_timeline(spans, title, ax=None, lanes=None, colors=None, label_bars=False):
@@ -64,7 +20,8 @@ def plot_timeline(spans, title, ax=None, lanes=None, colors=None, label_bars=Fal
     label_bars: write each span's name on its bar (for short names such as "F3").
     """
     if not spans:
-        raise ValueError("plot_timeline needs at least one Span; record some with Timeline")
+        raise ValueError("plot_timeline needs at least one Span; record some with "
+                         "dlcourse.parallel.timeline.Timeline")
     import matplotlib.pyplot as plt  # here, not at the top: ranks record Timelines, never plot
 
     ax = ax or plt.subplots(figsize=(9, 3.5))[1]

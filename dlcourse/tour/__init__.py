@@ -1,76 +1,30 @@
 """`dlcourse tour`: the whole course in one table.
 
-Trains the course GPT with every strategy built so far, each on real ranks, checks each against
-the single-process reference, and prints: strategy, final loss, max difference from the
-reference, model-state bytes per rank, the activation bytes of the busiest rank ("-" where
-lesson 01's saved-tensor log cannot key a row's parameters: DTensor, FSDP2, torch's ZeRO),
-communication bytes per step, step time.
+Trains the course GPT with every strategy of the catalogue (`dlcourse.strategies`), each on real
+ranks, checks each against the single-process reference, and prints: strategy, final loss, max
+difference from the reference, model-state bytes per rank, the activation bytes of the busiest
+rank ("-" where lesson 01's saved-tensor log cannot key a strategy's parameters: DTensor, FSDP2,
+torch's ZeRO), communication bytes per step, step time.
 
-A strategy is a row in `ROWS`: a name and a function that runs on every rank and returns a
-`RowResult` (`common.py`). Each lesson's rows live in a module of their own here, built from that
-strategy's wrap / train / count functions: `data.py` for lesson 03, `tensor.py` for lesson 04, `zero.py` for
-lesson 05, `pipeline.py` for lesson 06, `combine.py` for lesson 07, `context.py` for lesson 08,
-`experts.py` for lesson 09 (an MoE GPT, compared with its own one-process run).
-A row that cannot run on the chosen number of ranks (tp must divide the heads; Ulysses' cp too;
-ep must divide the experts) says why and is left out.
+A row is a catalogue entry with `tour=True`; one runner (`rows.py`) trains and measures every
+one the same way, and every row of the chosen world size runs in one job (one launch: the ranks
+start once). A row that cannot run on that many ranks (tp must divide the heads; Ulysses' cp
+too; ep must divide the experts) says why and is left out; one that needs another world size (a
+lesson 07 grid of 8 ranks) says which.
 """
-
-from functools import partial
 
 from tqdm.auto import tqdm
 
 import dlcourse
 from dlcourse import backends
 from dlcourse.memory import count_params
-from dlcourse.parallel.data.compare import DDP
-from dlcourse.parallel.tensor import check_tp
-from dlcourse.tour.common import (MATCH_TOLERANCE, Row, RowResult, TourConfig, cpu_params,  # noqa: F401
-                                  held_bytes, mean_over_ranks, timed_steps, train_reference)
-from dlcourse.tour.combine import PLANS, check_grid_row, train_grid_row
-from dlcourse.tour.context import METHOD_ROWS, check_cp_row, train_cp_row
-from dlcourse.tour.data import train_dp_row
-from dlcourse.tour.experts import check_ep_row, train_ep_row
-from dlcourse.tour.pipeline import TORCH, train_interleaved_row, train_pp_row
-from dlcourse.tour.tensor import train_tp_row
-from dlcourse.tour.zero import train_zero_row
+from dlcourse.strategies import MATCH_TOLERANCE, STRATEGIES, NeedsRanks, TourConfig
+from dlcourse.tour.rows import RowResult, run_rows, train_reference
 
-ROWS = [
-    Row("single process (reference)", train_reference, distributed=False),
-    Row("DP naive (lesson 03)", partial(train_dp_row, "naive")),
-    Row("DP bucketed (lesson 03)", partial(train_dp_row, "bucketed")),
-    Row("DP overlapped (lesson 03)", partial(train_dp_row, "overlapped")),
-    Row("torch DDP", partial(train_dp_row, DDP)),
-    # tp = every rank of the job; sequence parallelism also needs tp to divide seq_len
-    *[Row(name, partial(train_tp_row, variant),
-          check=lambda cfg, n: check_tp(cfg.model, n, sequence_parallel=True))
-      for name, variant in [("TP (lesson 04)", "tp"), ("TP + SP (lesson 04)", "tp+sp"),
-                            ("DTensor TP", "dtensor")]],
-    *[Row(name, partial(train_zero_row, variant)) for name, variant in [
-        ("ZeRO stage 1 (lesson 05)", "stage 1"), ("ZeRO stage 2 (lesson 05)", "stage 2"),
-        ("ZeRO stage 3 (lesson 05)", "stage 3"),
-        ("ZeRO stage 2 + offload (lesson 05: ZeRO-Offload)", "stage 2 + offload"),
-        ("ZeRO stage 3 + offload (lesson 05)", "stage 3 + offload"),
-        ("torch ZeroRedundancyOptimizer", "ZeroRedundancyOptimizer"),
-        ("torch FSDP2", "FSDP2")]],
-    # 2 stages (the tour's GPT has 2 blocks) x the remaining ranks as data-parallel copies
-    Row("PP GPipe (lesson 06)", partial(train_pp_row, "GPipe")),
-    Row("PP 1F1B (lesson 06)", partial(train_pp_row, "1F1B")),
-    Row("PP ZB-H1 (lesson 06)", partial(train_pp_row, "ZB-H1")),
-    # v = 2 chunks per rank need 2 x pp blocks: a deeper GPT, with its own one-process reference.
-    # Its 4 blocks give AdamW more near-zero gradients whose fp32 rounding it turns into steps:
-    # 1.1e-5 measured at 4 ranks (the same run in float64: 3.5e-15), so 1e-4 here.
-    Row("PP interleaved 1F1B v=2 (lesson 06, deeper GPT)", train_interleaved_row,
-        tolerance=1e-4),
-    Row("torch pipelining 1F1B", partial(train_pp_row, TORCH)),
-    # a rank grid, one strategy per axis: 4 ranks for the 2-D grids, 8 for dp x tp x pp
-    *[Row(name, partial(train_grid_row, name), check=partial(check_grid_row, name))
-      for name in PLANS],
-    # cp = every rank of the job; each rank holds s/cp tokens of every sequence
-    *[Row(name, partial(train_cp_row, method), check=partial(check_cp_row, method))
-      for name, method in METHOD_ROWS.items()],
-    # ep = every rank of the job, also its data-parallel group: E/ep experts each, dense replicated
-    Row("EP + DP (lesson 09, MoE GPT)", train_ep_row, check=check_ep_row),
-]
+REFERENCE = "single process (reference)"
+ROWS = [s for s in STRATEGIES if s.tour]
+
+__all__ = ["MATCH_TOLERANCE", "REFERENCE", "ROWS", "RowResult", "TourConfig", "format_table", "run"]
 
 
 def run(world_size=4, steps=5, backend="auto", rows=None, out=print):
@@ -82,14 +36,17 @@ def run(world_size=4, steps=5, backend="auto", rows=None, out=print):
                          f"{cfg.global_batch} sequences; use 1, 2, 4, 8 or 16 ranks")
     out(f"dlcourse tour: GPT of {count_params(cfg.model):,} parameters, {steps} AdamW steps, global batch "
         f"{cfg.global_batch}; {world_size} ranks on {backend}" + (f" ({why})" if why else ""))
-    table, reference = [], None
-    with tqdm(_runnable(rows or ROWS, cfg, world_size, out), desc="strategies", unit="row",
-              leave=False) as progress:
-        for row in progress:
-            progress.set_postfix_str(row.name)
-            result = _run_row(row, cfg, world_size, backend)
-            reference = reference or result.params
-            table.append(_summarise(row, result, reference, world_size if row.distributed else 1))
+    runnable = _runnable(ROWS if rows is None else rows, cfg, world_size, out)
+    with tqdm(total=len(runnable) + 1, desc="strategies", unit="row", leave=False) as progress:
+        reference = train_reference(cfg)
+        progress.update()
+        per_rank = dlcourse.launch(run_rows, runnable, cfg, world_size=world_size,
+                                   backend=backend, timeout=600) if runnable else []
+        progress.update(len(runnable))
+    table = [_summarise(REFERENCE, MATCH_TOLERANCE, reference, reference.params, 1)]
+    for i, row in enumerate(runnable):
+        result = _busiest([results[i] for results in per_rank])
+        table.append(_summarise(row.name, row.tolerance, result, reference.params, world_size))
     out(format_table(table))
     return table
 
@@ -99,34 +56,34 @@ def _runnable(rows, cfg, world_size, out):
     runnable = []
     for row in rows:
         try:
-            if row.check:
-                row.check(cfg, world_size)
+            row.check(cfg, world_size)
             runnable.append(row)
+        except NeedsRanks as needs:
+            out(f"not run: {row.name} {needs}")
         except ValueError as error:
             out(f"skipped {row.name} at {world_size} ranks: {error}")
     return runnable
 
 
-def _run_row(row, cfg, world_size, backend):
-    if not row.distributed:
-        return row.train(cfg)
-    results = dlcourse.launch(row.train, cfg, world_size=world_size, backend=backend, timeout=600)
+def _busiest(results):
+    """Rank 0's result, with the most state and activation bytes any rank held (a pipeline's
+    first stage holds the most activations)."""
     first = results[0]
     first.state_bytes = max(r.state_bytes for r in results)
-    if first.activation_bytes is not None:  # the busiest rank: a pipeline's first stage
+    if first.activation_bytes is not None:
         first.activation_bytes = max(r.activation_bytes for r in results)
     return first
 
 
-def _summarise(row, result, reference, ranks):
-    reference = result.reference or reference  # a row on a deeper GPT brings its own
+def _summarise(name, tolerance, result, reference, ranks):
+    reference = result.reference or reference  # a row on another GPT brings its own
     diff = max((result.params[k] - reference[k]).abs().max().item() for k in reference)
     return {
-        "strategy": row.name,
+        "strategy": name,
         "ranks": ranks,
         "final loss": result.loss,
         "max |Δ| vs reference": diff,
-        "matches": diff <= row.tolerance,
+        "matches": diff <= tolerance,
         "model-state bytes/rank": result.state_bytes,
         "activation bytes (busiest rank)": result.activation_bytes,
         "comm bytes/step/rank": result.comm_bytes,
@@ -152,5 +109,3 @@ def format_table(table):
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([line(keys), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-

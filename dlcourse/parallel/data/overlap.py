@@ -14,7 +14,6 @@ all-reduce and copies the averages back into `.grad` (DDP does the same in C++, 
 """
 
 import contextlib
-import time
 
 import torch
 import torch.distributed as dist
@@ -23,6 +22,7 @@ from torch.autograd import Variable
 
 from dlcourse.parallel.data.buckets import all_reduce_bucket, finish_bucket, make_buckets
 from dlcourse.parallel.data.steps import broadcast_parameters, check_same_model
+from dlcourse.parallel.timeline import now
 
 
 class DataParallel(nn.Module):
@@ -33,7 +33,7 @@ class DataParallel(nn.Module):
     find_unused_parameters: after each forward, walk the autograd graph for parameters that
         get no gradient this step and reduce zeros for them, as DDP does; off by default,
         because the walk costs time every step.
-    timeline: a `dlcourse.plots.timeline.Timeline` to record forward, backward and each
+    timeline: a `dlcourse.parallel.timeline.Timeline` to record forward, backward and each
         bucket's all-reduce in (for the lesson's figure), or None.
     """
 
@@ -57,9 +57,9 @@ class DataParallel(nn.Module):
     def forward(self, *args, **kwargs):
         # As in DDP, whether this step's backward synchronises is decided at forward time.
         self._start_step(sync=self.require_backward_grad_sync and torch.is_grad_enabled())
-        start = _now()
+        start = now()
         output = self.module(*args, **kwargs)
-        self._record("compute", "forward", start, _now())
+        self._record("compute", "forward", start, now())
         if self._sync and self.find_unused_parameters:
             self._unused = set(self._bucket_of) - used_parameters(output)
         if self._sync:
@@ -92,7 +92,7 @@ class DataParallel(nn.Module):
 
     def _on_backward_start(self, grad):
         if self._sync:
-            self._backward_start = self._backward_start or _now()
+            self._backward_start = self._backward_start or now()
             self._queue_finish()
 
     def _queue_finish(self):
@@ -131,15 +131,15 @@ class DataParallel(nn.Module):
             self._launch(len(self._launched))
 
     def _launch(self, i):
-        bucket, start = self.buckets[i], _now()
+        bucket, start = self.buckets[i], now()
         work = all_reduce_bucket(bucket, self.group, async_op=True)
         if self.timeline is not None:  # the future completes when the all-reduce has finished
-            work.get_future().then(lambda _: self._record("all-reduce", f"bucket {i}", start, _now()))
+            work.get_future().then(lambda _: self._record("all-reduce", f"bucket {i}", start, now()))
         self._launched.append((bucket, work))
 
     def _finish_backward(self):
         """Queued by the first hook; autograd runs it when backward has computed everything."""
-        backward_end = _now()
+        backward_end = now()
         self._record("compute", "backward", self._backward_start or backward_end, backward_end)
         self._check_every_gradient_arrived()
         while len(self._launched) < len(self.buckets):
@@ -149,7 +149,7 @@ class DataParallel(nn.Module):
         used = self._globally_used() if self.find_unused_parameters else {}
         for bucket, _ in self._launched:
             finish_bucket(bucket, self.group, [used.get(p, True) for p in bucket.params])
-        self._record("compute", "wait for all-reduce", backward_end, _now())
+        self._record("compute", "wait for all-reduce", backward_end, now())
         self._sync = False
 
     def _check_every_gradient_arrived(self):
@@ -200,6 +200,3 @@ def _tensors(output):
     if isinstance(output, (list, tuple)):
         return [t for item in output for t in _tensors(item)]
     return []
-
-
-_now = time.perf_counter  # the clock of dlcourse.plots.timeline: shared by the ranks of a host

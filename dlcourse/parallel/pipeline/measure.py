@@ -27,7 +27,7 @@ from dlcourse.memory import SavedTensorLog, peak_activations
 from dlcourse.models import lm_loss
 from dlcourse.parallel.pipeline.executor import input_gradient, run_schedule, split_micro_batches
 from dlcourse.parallel.pipeline.stages import cut_stages
-from dlcourse.plots.timeline import Span, Timeline
+from dlcourse.parallel.timeline import Span, Timeline
 
 UNIT_TIMES = {"F": 1.0, "B": 2.0, "B split": 1.0, "W": 1.0}
 

@@ -13,11 +13,10 @@ is every gradient until backward ends, as in stage 1: the saving during backward
 buckets (lesson 05 measures the peak both ways). `GradientReducer` is shared with stage 3.
 """
 
-import time
-
 import torch.distributed as dist
 from torch.autograd import Variable
 
+from dlcourse.parallel.timeline import now
 from dlcourse.parallel.zero.stage1 import (
     FlatParameters,
     add_shard_gradient,
@@ -64,7 +63,7 @@ class GradientReducer:
 
     def _launch(self, i):
         self._settle()  # one reduce-scatter in flight at most: the last one's input is released
-        unit, start = self.units[i], _now()
+        unit, start = self.units[i], now()
         flat = unit.flatten([p.grad for p in unit.params])  # (padded,), zeros in the padding
         for p in unit.params:
             p.grad = None  # the full gradient is gone: only the shard will be kept
@@ -78,7 +77,7 @@ class GradientReducer:
             if work is not None:
                 work.wait()  # gloo's Work has no future: the span ends when this rank saw it done
                 if self.timeline is not None:
-                    self.timeline.add("reduce-scatter", f"RS{i}", start, _now())
+                    self.timeline.add("reduce-scatter", f"RS{i}", start, now())
                 add_shard_gradient(self.shards[i], out, world_size)
                 self._launched[k] = (i, None, None, None)  # drops the flat input the Work held
 
@@ -109,6 +108,3 @@ class ZeroStage2(FlatParameters):
     def zero_grad(self, set_to_none=True):
         for shard in self._shards:
             shard.grad = None
-
-
-_now = time.perf_counter  # the clock of dlcourse.plots.timeline

@@ -1,0 +1,47 @@
+"""The course's one index of lessons (`dlcourse.lessons`, issue 32): the notebooks on disk, the
+README's table and the packages' generated docstrings all agree with it."""
+
+import re
+from pathlib import Path
+
+import dlcourse.parallel
+import dlcourse.strategies
+from dlcourse.lessons import LESSONS, lesson, listing
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_lesson_notebook_is_in_the_index_and_no_other():
+    on_disk = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "lessons").glob("*.ipynb"))
+    assert on_disk == sorted(entry.notebook for entry in LESSONS)
+
+
+def test_the_readme_table_lists_the_index_in_order():
+    rows = re.findall(r"^\| (\d\d) \| \[([^\]]+)\]\(([^)]+)\) \|", (ROOT / "README.md").read_text(),
+                      re.M)
+    assert rows == [(e.number, e.title, e.notebook) for e in LESSONS]
+
+
+def test_every_module_the_index_names_exists():
+    for entry in LESSONS:
+        for module, _ in entry.serves:
+            path = ROOT.joinpath(*module.split("."))
+            assert path.is_dir() or path.with_suffix(".py").is_file(), (entry.number, module)
+
+
+def test_the_packages_docstrings_are_generated_from_the_index():
+    for package in (dlcourse.parallel, dlcourse.strategies):
+        table = listing(package.__name__)
+        assert table in package.__doc__
+        served = [m for e in LESSONS for m, _ in e.serves if m.startswith(package.__name__ + ".")]
+        assert len(table.splitlines()) == 2 * len(served) > 0
+
+
+def test_a_lesson_is_found_by_its_number_and_a_wrong_one_says_which_exist():
+    assert lesson(3).notebook == "lessons/03_data_parallel.ipynb" and lesson("10").slug == "debugging"
+    try:
+        lesson(11)
+    except ValueError as error:
+        assert "00-10" in str(error)
+    else:
+        raise AssertionError("lesson(11) should raise")
