@@ -1,8 +1,8 @@
 """ZeRO from scratch against data parallelism and torch's FSDP2: step time and peak bytes (lesson 05).
 
 One job of 4 gloo ranks trains the same course GPT with lesson 03's DataParallel, ZeRO stages
-1, 2, 3 (dlcourse.parallel.zero) and FSDP2 (`fully_shard` per Block), side by side: all built
-first, then rounds in rotating order, every one taking `--steps` AdamW steps per round (the first
+1, 2, 3 (dlcourse.parallel.zero) and FSDP2 (`fully_shard` per Block), each built by its entry of
+the catalogue (`dlcourse.strategies`), side by side: all built first, then rounds in rotating order, every one taking `--steps` AdamW steps per round (the first
 round a warm-up). Prints each stage's median step time over DP's, stage 3's over FSDP2's, and
 the peak bytes held during a step by the rank that needs most, for every variant (every
 allocation counted, `zero.measure.step_peak`, median of 3 steps; DP and stages 1, 2 with 1 MB
@@ -19,65 +19,52 @@ import argparse
 import statistics
 import time
 
-import torch
-import torch.distributed as dist
-
 import dlcourse
 from dlcourse.memory import count_params
-from dlcourse.models import GPT, GPTConfig, lm_loss, synthetic_tokens
-from dlcourse.parallel.data.compare import wrap
+from dlcourse.models import GPTConfig
 from dlcourse.parallel.data.steps import shard_batch
-from dlcourse.parallel.zero import ZeroAdamW, zero
+from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.zero.measure import held_bytes, step_peak
-from dlcourse.parallel.zero.torch_api import fsdp2, fsdp2_held_bytes
+from dlcourse.parallel.zero.torch_api import fsdp2_held_bytes
+from dlcourse.strategies import CATALOGUE, StrategyConfig
 
 WORLD_SIZE = 4
 CONFIG = GPTConfig(vocab_size=256, seq_len=64, n_layers=4, n_heads=4, hidden=128)
 GLOBAL_BATCH = 16
 BUCKET_CAP_MB = 1.0  # DP and stages 1, 2: 4 buckets of this 3.4 MB model (25 MB would make one)
 TIME_TARGET = 1.1  # stage 3 / FSDP2, at most
-NAMES = ["DP", "stage 1", "stage 2", "stage 3", "FSDP2"]
-
-
-def build(name, group):
-    model = GPT(CONFIG, seed=0)
-    if name == "DP":
-        model = wrap("overlapped", model, group, bucket_cap_mb=BUCKET_CAP_MB)
-        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if name == "FSDP2":
-        return fsdp2(model, group, lr=1e-3)
-    stage = int(name[-1])
-    model = zero(stage, model, group, **({"bucket_cap_mb": BUCKET_CAP_MB} if stage < 3 else {}))
-    return model, ZeroAdamW(model, lr=1e-3)
-
-
-def step(model, optimizer, x, y):
-    optimizer.zero_grad()
-    lm_loss(model(x), y).backward()
-    optimizer.step()
+CFG = StrategyConfig(model=CONFIG, global_batch=GLOBAL_BATCH, bucket_cap_mb=BUCKET_CAP_MB)
+STRATEGIES = {  # the table's name -> the catalogue's (dlcourse.strategies)
+    "DP": "DP overlapped (lesson 03)", "stage 1": "ZeRO stage 1 (lesson 05)",
+    "stage 2": "ZeRO stage 2 (lesson 05)", "stage 3": "ZeRO stage 3 (lesson 05)",
+    "FSDP2": "torch FSDP2"}
+NAMES = list(STRATEGIES)
 
 
 def benchmark_job(rounds, steps):
-    group = dist.group.WORLD
-    x, y = shard_batch(synthetic_tokens(GLOBAL_BATCH, CONFIG, seed=1), group)
-    built = {name: build(name, group) for name in NAMES}
+    groups = RankGrid(dp=WORLD_SIZE).new_groups()
+    x, y = CFG.data()  # the global batch: each strategy's step takes this rank's slice
+    built = {name: CATALOGUE[STRATEGIES[name]].build(CFG, groups) for name in NAMES}
     times = {name: [] for name in NAMES}
     for r in range(rounds + 1):
         for name in NAMES[r % len(NAMES):] + NAMES[:r % len(NAMES)]:
             for _ in range(steps):
                 start = time.perf_counter()
-                step(*built[name], x, y)
+                built[name].train_step(x, y)
                 if r:  # round 0 warms up
                     times[name].append(time.perf_counter() - start)
-    peaks = {name: peak_of(name, *built[name], x, y) for name in NAMES}
+    shard = shard_batch((x, y), groups.dp)
+    peaks = {name: peak_of(name, built[name], *shard) for name in NAMES}
     return {name: statistics.median(t) for name, t in times.items()}, peaks
 
 
-def peak_of(name, model, optimizer, x, y, steps=3):
+def peak_of(name, trainer, x, y, steps=3):
     """Median peak bytes over `steps` steps on this rank. The profiler also counts what gloo's
     worker threads allocate, at moments that vary from run to run (up to a unit's bytes)."""
     held = fsdp2_held_bytes if name == "FSDP2" else held_bytes  # FSDP2's shards are DTensors
-    return statistics.median(step_peak(model, optimizer, x, y, held)[0] for _ in range(steps))
+    model = trainer.model or trainer.modules[0]  # the module a step calls (DP: its wrapper)
+    return statistics.median(step_peak(model, trainer.optimizer, x, y, held)[0]
+                             for _ in range(steps))
 
 
 def table(seconds, peaks):

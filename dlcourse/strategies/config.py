@@ -24,6 +24,7 @@ class StrategyConfig:
     dtype: torch.dtype = torch.float32  # the finder's float64 makes a correct strategy exact
     max_grad_norm: float | None = None  # clip by the global norm (ZeRO's; torch's in the reference)
     micro_batches: int = 1  # lesson 03's strategies: gradient accumulation over this many pieces
+    bucket_cap_mb: float = 25.0  # DP's and ZeRO 1-2's gradient buckets (DDP's default)
 
     def device(self):
         return torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")

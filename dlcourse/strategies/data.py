@@ -15,7 +15,7 @@ def build(variant, cfg, groups):
     """`wrap(variant)` over the dp group: this rank's shard (uneven allowed, weighted by
     `uneven_loss_scale`), cut into cfg.micro_batches pieces that accumulate under `no_sync`."""
     group = groups.dp
-    model = wrap(variant, cfg.new_model(), group)
+    model = wrap(variant, cfg.new_model(), group, cfg.bucket_cap_mb)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
     def train_step(x, y):
@@ -29,9 +29,9 @@ def build(variant, cfg, groups):
         replica saves what the plain model saves on this rank's shard (the wrappers' hooks save
         nothing), counted on a plain copy."""
         batch = steps.shard_batch((x, y), group)
-        comm = count_step(variant, cfg.new_model(), batch, lm_loss, group)
+        comm = count_step(variant, cfg.new_model(), batch, lm_loss, group, cfg.bucket_cap_mb)
         activations, _ = measure_activations(cfg.new_model(), *batch, lm_loss)
         return round(comm.bus_bytes()), activations
     # every rank holds a whole replica: its own, to compare rank by rank
     return Trainer([model.module], optimizer, train_step, replica_parameters(model.module),
-                   count=count, dp=rank_of(group))
+                   count=count, dp=rank_of(group), model=model)

@@ -32,6 +32,7 @@ class Trainer:
     tp: tuple = (0, 1)  # (tp rank, tp size): an activation cut on dim 1 (SP) is this piece
     piece: object = None  # fn(reference activation) -> this rank's piece, or None: not comparable
     activations_from: int = 1  # the first step whose activations the finder compares
+    model: object = None  # the module a step calls, where it wraps modules[0] (DP's wrapper)
 
     def held_bytes(self):
         if self.state_bytes is not None:

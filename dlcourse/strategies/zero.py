@@ -17,7 +17,8 @@ from dlcourse.strategies.trainer import Trainer, rank_of
 
 def build_zero(stage, offload, cfg, groups):
     """Lesson 05's `zero(stage)` with its `ZeroAdamW` (clipping by cfg.max_grad_norm's global norm)."""
-    model = zero(stage, cfg.new_model(), groups.dp)
+    buckets = {"bucket_cap_mb": cfg.bucket_cap_mb} if stage < 3 else {}  # stage 3: by unit
+    model = zero(stage, cfg.new_model(), groups.dp, **buckets)
     optimizer = ZeroAdamW(model, lr=cfg.lr, offload=offload, max_grad_norm=cfg.max_grad_norm)
     return _trainer(model, optimizer, model.full_parameters,
                     lambda: held_bytes(model, optimizer).model_state, groups.dp)
@@ -46,7 +47,7 @@ def _trainer(model, optimizer, full_parameters, held, group, activations=True, m
     def train_step(x, y):
         return steps.train_step(model, optimizer, [steps.shard_batch((x, y), group)], lm_loss)
     return Trainer(modules or [model], optimizer, train_step, full_parameters, held,
-                   partial(_count, model, group, activations), dp=rank_of(group))
+                   partial(_count, model, group, activations), dp=rank_of(group), model=model)
 
 
 def _count(model, group, activations, trainer, x, y):
