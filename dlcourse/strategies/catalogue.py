@@ -67,9 +67,10 @@ def _plan(name, plan, **kw):
                     ranks=plan.grid.world_size, finder_ranks=plan.grid.world_size, **kw)
 
 
-# The pipelines at the tour's default 4 ranks run 2 stages x 2 data-parallel copies; N_MICRO
-# micro-batches on each copy need 2 x 4 rows at least: the tour's own 16 (8 would equal seq_len
-# and make the positions (s, h) look like batch rows to the finder's compare.py)
+# The pipelines the finder runs at 4 ranks (as the tour does) are 2 stages x 2 data-parallel
+# copies; N_MICRO micro-batches on each copy need 2 x 4 rows at least: the tour's own 16 (8
+# would equal seq_len and make the positions (s, h) look like batch rows to its compare.py).
+# At 2 ranks (one pipeline) DebugConfig's 4 rows make 4 micro-batches of one.
 PIPELINE = {"global_batch": StrategyConfig().global_batch}
 DP_VARIANTS = [("DP naive (lesson 03)", "naive"), ("DP bucketed (lesson 03)", "bucketed"),
                ("DP overlapped (lesson 03)", "overlapped"), ("torch DDP", DDP)]
@@ -93,8 +94,8 @@ STRATEGIES = [
       for name, stage, offload in ZERO_STAGES],
     Strategy("torch ZeroRedundancyOptimizer", "05", whole("dp"), zero.build_zero_redundancy),
     Strategy("torch FSDP2", "05", whole("dp"), zero.build_fsdp2),
-    *[Strategy(name, "06", pipeline.pipeline_grid, partial(pipeline.build, schedule),
-               finder_config=PIPELINE) for name, schedule in SCHEDULES],
+    *[Strategy(name, "06", pipeline.pipeline_grid, partial(pipeline.build, schedule))
+      for name, schedule in SCHEDULES],
     # 4 blocks give AdamW more near-zero gradients whose fp32 rounding it turns into steps:
     # 1.1e-5 measured at 4 ranks (the same run in float64: 3.5e-15), so 1e-4 here
     Strategy("PP interleaved 1F1B v=2 (lesson 06, deeper GPT)", "06", pipeline.interleaved_grid,
