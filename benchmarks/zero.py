@@ -2,8 +2,8 @@
 
 One job of 4 gloo ranks trains the same course GPT with lesson 03's DataParallel, ZeRO stages
 1, 2, 3 (dlcourse.parallel.zero) and FSDP2 (`fully_shard` per Block), each built by its entry of
-the catalogue (`dlcourse.strategies`), side by side: all built first, then rounds in rotating order, every one taking `--steps` AdamW steps per round (the first
-round a warm-up). Prints each stage's median step time over DP's, stage 3's over FSDP2's, and
+the catalogue (`dlcourse.strategies`), side by side: all built first, then rounds in rotating
+order, every one taking `--steps` AdamW steps per round (the first round a warm-up). Prints each stage's median step time over DP's, stage 3's over FSDP2's, and
 the peak bytes held during a step by the rank that needs most, for every variant (every
 allocation counted, `zero.measure.step_peak`, median of 3 steps; DP and stages 1, 2 with 1 MB
 buckets, so that stage 2 sends its gradients in several pieces during backward).

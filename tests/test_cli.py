@@ -18,7 +18,6 @@ from dlcourse.strategies import Strategy, TourConfig, Trainer
 from dlcourse.strategies.catalogue import whole
 from dlcourse.strategies.combine import PLANS
 from dlcourse.strategies.context import METHODS as METHOD_ROWS
-from dlcourse.strategies.pipeline import N_MICRO
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.backends import cpu_cores
 
@@ -86,7 +85,8 @@ def _activation_column_is_the_lessons_count(table):
              "torch DDP": dp, **{f"ZeRO stage {s} (lesson 05)": dp for s in ("1", "2", "3")},
              "ZeRO stage 2 + offload (lesson 05: ZeRO-Offload)": dp,
              "ZeRO stage 3 + offload (lesson 05)": dp,
-             **{f"PP {s} (lesson 06)": GridPlan(RankGrid(pp=2), micro_batches=N_MICRO, schedule=s)
+             **{f"PP {s} (lesson 06)": GridPlan(RankGrid(pp=2), schedule=s,
+                                               micro_batches=TourConfig().pipeline_micro_batches)
                 for s in ("GPipe", "1F1B", "ZB-H1")}}
     header = re.split(r"\s{2,}", table[next(i for i, l in enumerate(table)
                                             if l.startswith("strategy"))])

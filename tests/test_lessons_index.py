@@ -38,7 +38,8 @@ def test_the_packages_docstrings_are_generated_from_the_index():
 
 
 def test_a_lesson_is_found_by_its_number_and_a_wrong_one_says_which_exist():
-    assert lesson(3).notebook == "lessons/03_data_parallel.ipynb" and lesson("10").slug == "debugging"
+    assert lesson(3).notebook == "lessons/03_data_parallel.ipynb"
+    assert lesson("10").slug == "debugging"
     try:
         lesson(11)
     except ValueError as error:

@@ -33,6 +33,7 @@ class DebugConfig(StrategyConfig):
     global_batch: int = 4  # sequences per step (5 for an uneven split over 2 ranks)
     steps: int = 2  # optimizer steps compared
     dtype: torch.dtype = torch.float64  # float64: a correct strategy matches to ~1e-15
+    pipeline_micro_batches: int = 2  # a bug that scales with them (undivided losses) shows x2
 
 
 @dataclass(frozen=True)

@@ -67,14 +67,16 @@ def _plan(name, plan, **kw):
                     ranks=plan.grid.world_size, finder_ranks=plan.grid.world_size, **kw)
 
 
-# The pipelines the finder runs at 4 ranks (as the tour does) are 2 stages x 2 data-parallel
-# copies; N_MICRO micro-batches on each copy need 2 x 4 rows at least: the tour's own 16 (8
-# would equal seq_len and make the positions (s, h) look like batch rows to its compare.py).
-# At 2 ranks (one pipeline) DebugConfig's 4 rows make 4 micro-batches of one.
-PIPELINE = {"global_batch": StrategyConfig().global_batch}
+# The pipelines the finder runs at 4 ranks are the tour's: 2 stages x 2 data-parallel copies,
+# 4 micro-batches on each, which need 2 x 4 rows at least: the tour's own 16 (8 would equal
+# seq_len and make the positions (s, h) look like batch rows to its compare.py). At 2 ranks (one
+# pipeline) DebugConfig's 2 micro-batches of 2 rows.
+PIPELINE = {"global_batch": StrategyConfig().global_batch,
+            "pipeline_micro_batches": StrategyConfig().pipeline_micro_batches}
 DP_VARIANTS = [("DP naive (lesson 03)", "naive"), ("DP bucketed (lesson 03)", "bucketed"),
                ("DP overlapped (lesson 03)", "overlapped"), ("torch DDP", DDP)]
-TP_VARIANTS = [("TP (lesson 04)", "tp"), ("TP + SP (lesson 04)", "tp+sp"), ("DTensor TP", "dtensor")]
+TP_VARIANTS = [("TP (lesson 04)", "tp"), ("TP + SP (lesson 04)", "tp+sp"),
+               ("DTensor TP", "dtensor")]
 ZERO_STAGES = [("ZeRO stage 1 (lesson 05)", 1, False), ("ZeRO stage 2 (lesson 05)", 2, False),
                ("ZeRO stage 3 (lesson 05)", 3, False),
                # ZeRO-Offload (Ren et al. 2021) is built on stage 2

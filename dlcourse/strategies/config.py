@@ -25,9 +25,12 @@ class StrategyConfig:
     max_grad_norm: float | None = None  # clip by the global norm (ZeRO's; torch's in the reference)
     micro_batches: int = 1  # lesson 03's strategies: gradient accumulation over this many pieces
     bucket_cap_mb: float = 25.0  # DP's and ZeRO 1-2's gradient buckets (DDP's default)
+    pipeline_micro_batches: int = 4  # lesson 06's strategies: micro-batches per step per pipeline
 
     def device(self):
-        return torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
+        if self.cuda:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def new_model(self):
         """The course GPT as every strategy starts it: same seed, on this process's device."""

@@ -20,7 +20,6 @@ from dlcourse.parallel.pipeline import train_step as pipeline_train_step
 from dlcourse.parallel.pipeline.torch_api import torch_schedule, torch_train_step
 from dlcourse.strategies.trainer import Trainer, count_step, rank_of
 
-N_MICRO = 4  # micro-batches per step on each pipeline
 TORCH = "torch Schedule1F1B"
 
 
@@ -39,18 +38,20 @@ def pipeline_grid(cfg, world_size, v=1):
 
 def build(schedule, cfg, groups, v=1):
     """The pipeline run by `schedule` (TORCH, or a name of lesson 06's SCHEDULES) on this rank's
-    v stages, N_MICRO micro-batches per pipeline; its modules are the stages, named as the GPT's."""
+    v stages, cfg.pipeline_micro_batches per step on each pipeline; its modules are the stages,
+    named as the GPT's."""
     stages = cut_stages(cfg.new_model(), groups.pp, v)
+    m = cfg.pipeline_micro_batches
     optimizer = torch.optim.AdamW([p for s in stages for p in s.parameters()], lr=cfg.lr)
     if schedule == TORCH:
-        torch_steps = torch_schedule("1F1B", stages, N_MICRO, groups.pp)
+        torch_steps = torch_schedule("1F1B", stages, m, groups.pp)
 
     def train_step(x, y):
         x, y = steps.shard_batch((x, y), groups.dp)  # this pipeline's slice
         if schedule == TORCH:
             return torch_train_step(torch_steps, stages, optimizer, x, y, groups.pp, groups.dp)
         return pipeline_train_step(stages, optimizer, SCHEDULES[schedule],
-                                   split_micro_batches(x, y, N_MICRO), groups.pp, v=v,
+                                   split_micro_batches(x, y, m), groups.pp, v=v,
                                    dp_group=groups.dp)
     # torch's PipelineStage runs each forward once more in step 1 (see TORCH_NOTE)
     return Trainer(stages, optimizer, train_step, partial(gather_params, stages, groups.pp),

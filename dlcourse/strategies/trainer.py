@@ -27,7 +27,7 @@ class Trainer:
     state_bytes: object = None  # fn() -> parameter + gradient + optimizer bytes on this rank
     #                             (None: lesson 01's count over `modules` and `optimizer`)
     count: object = None  # fn(trainer, x, y) -> (comm bytes, activation bytes or None) of one
-    #                       step on a fresh trainer (None: `count_step`, every collective's bus bytes)
+    #                       step on a fresh trainer (None: `count_step`: every record's bus bytes)
     dp: tuple = (0, 1)  # (dp rank, dp size): rows of the global batch this rank's activations hold
     tp: tuple = (0, 1)  # (tp rank, tp size): an activation cut on dim 1 (SP) is this piece
     piece: object = None  # fn(reference activation) -> this rank's piece, or None: not comparable
@@ -71,7 +71,8 @@ def local_state_bytes(modules, optimizer):
     params = [local(p) for m in modules for p in m.parameters()]
     tensors = params + [local(p.grad) for m in modules for p in m.parameters()
                         if p.grad is not None]
-    tensors += [local(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    tensors += [local(t) for s in optimizer.state.values() for t in s.values()
+                if torch.is_tensor(t)]
     return storage_bytes(tensors)
 
 

@@ -16,7 +16,8 @@ from dlcourse.strategies.trainer import Trainer, rank_of
 
 
 def build_zero(stage, offload, cfg, groups):
-    """Lesson 05's `zero(stage)` with its `ZeroAdamW` (clipping by cfg.max_grad_norm's global norm)."""
+    """Lesson 05's `zero(stage)` with its `ZeroAdamW` (clipping by the global norm, if
+    cfg.max_grad_norm)."""
     buckets = {"bucket_cap_mb": cfg.bucket_cap_mb} if stage < 3 else {}  # stage 3: by unit
     model = zero(stage, cfg.new_model(), groups.dp, **buckets)
     optimizer = ZeroAdamW(model, lr=cfg.lr, offload=offload, max_grad_norm=cfg.max_grad_norm)
@@ -40,7 +41,8 @@ def build_fsdp2(cfg, groups):
     """torch's FSDP2 (`fully_shard` on every block and the root): dim-0 sharded DTensors."""
     model, optimizer = fsdp2(cfg.new_model(), groups.dp, lr=cfg.lr)
     return _trainer(model, optimizer, lambda: fsdp2_full_parameters(model),
-                    lambda: fsdp2_held_bytes(model, optimizer).model_state, groups.dp, activations=False)
+                    lambda: fsdp2_held_bytes(model, optimizer).model_state, groups.dp,
+                    activations=False)
 
 
 def _trainer(model, optimizer, full_parameters, held, group, activations=True, modules=None):

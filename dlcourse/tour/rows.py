@@ -66,7 +66,7 @@ def timed_steps(cfg, train_step, x, y):
         start = time.perf_counter()
         loss = train_step(x, y)
         if cfg.cuda:
-            torch.cuda.synchronize()  # GPU work is asynchronous: wait for it before reading the clock
+            torch.cuda.synchronize()  # GPU work is asynchronous: wait for it before the clock
         times.append(time.perf_counter() - start)
     return (None if loss is None else float(loss)), statistics.median(times)
 
