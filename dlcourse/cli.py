@@ -1,4 +1,4 @@
-"""The `dlcourse` command: `info`, `tour`, `plan`, and the instructor's tools.
+"""The `dlcourse` command: `info`, `lessons`, `tour`, `plan`, and the instructor's tools.
 
 Each subcommand is a small function that takes the parsed arguments; `COMMANDS` lists them.
 """
@@ -43,6 +43,18 @@ def tour(args):
         return 1
     print(f"\nEvery strategy matches the single-process reference within "
           f"{tour_module.MATCH_TOLERANCE:g} (rounding in a different summation order){also}.")
+    return 0
+
+
+def lessons(args):
+    """The course's lessons in order (`dlcourse.lessons`): notebooks, strategies in the catalogue."""
+    from dlcourse.lessons import LESSONS
+    from dlcourse.strategies import STRATEGIES
+
+    for entry in LESSONS:
+        count = sum(s.lesson == entry.number for s in STRATEGIES)
+        listed = f"  {count} in the catalogue of strategies" if count else ""
+        print(f"{entry.number}  {entry.title.ljust(17)}{entry.notebook}{listed}")
     return 0
 
 
@@ -246,7 +258,12 @@ def _add_info(sub):
     sub.add_parser("info", help=info.__doc__).set_defaults(run=info)
 
 
-COMMANDS = [_add_info, _add_tour, _add_plan, _add_exercises, _add_grade]  # each adds one subcommand
+def _add_lessons(sub):
+    sub.add_parser("lessons", help=lessons.__doc__).set_defaults(run=lessons)
+
+
+# each adds one subcommand
+COMMANDS = [_add_info, _add_lessons, _add_tour, _add_plan, _add_exercises, _add_grade]
 
 
 def build_parser():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dlcourse.parallel
 import dlcourse.strategies
+from dlcourse import cli
 from dlcourse.lessons import LESSONS, lesson, listing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,17 @@ def test_the_packages_docstrings_are_generated_from_the_index():
         assert table in package.__doc__
         served = [m for e in LESSONS for m, _ in e.serves if m.startswith(package.__name__ + ".")]
         assert len(table.splitlines()) == 2 * len(served) > 0
+
+
+def test_every_strategy_names_a_lesson_of_the_index_and_the_cli_counts_them(capsys):
+    numbers = [e.number for e in LESSONS]
+    assert all(s.lesson in numbers for s in dlcourse.strategies.STRATEGIES)
+    assert cli.main(["lessons"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in printed] == numbers
+    for entry, line in zip(LESSONS, printed):
+        count = sum(s.lesson == entry.number for s in dlcourse.strategies.STRATEGIES)
+        assert entry.notebook in line and (f"  {count} in the catalogue" in line) == (count > 0), line
 
 
 def test_a_lesson_is_found_by_its_number_and_a_wrong_one_says_which_exist():
