@@ -2,9 +2,9 @@
 lessons` and the README's check (tests/test_lessons_index.py) read, so that no package lists
 the lessons by hand.
 
-A lesson's notebook is `lessons/NN_slug.ipynb`, its exercises `exercises/NN_slug.ipynb`; `serves`
-names the library's packages (and the catalogue's modules) that teach it, each beside what it
-holds for that lesson, and `listing(package)` turns them into a docstring's table:
+A lesson's notebook is `lessons/NN_slug.ipynb`, its exercises `exercises/NN_slug.ipynb`; SERVES
+names the library's packages (and the catalogue's modules) that teach each lesson, beside what
+they hold for it, and `listing(package)` turns them into a docstring's table:
 
     >>> print(listing("dlcourse.parallel"))    # doctest: +ELLIPSIS
         data/        lesson 03, lessons/03_data_parallel.ipynb
@@ -21,48 +21,56 @@ class Lesson:
     number: str  # "03"
     slug: str  # lessons/<number>_<slug>.ipynb
     title: str  # as the README's table names it
-    serves: tuple = ()  # (dotted module, what it holds for this lesson) of the library
 
     @property
     def notebook(self):
         return f"lessons/{self.number}_{self.slug}.ipynb"
 
+    @property
+    def serves(self):
+        """[(dotted module, what it holds for this lesson)] of the library, from SERVES."""
+        return [(module, what) for module, (number, what) in SERVES.items()
+                if number == self.number]
+
 
 LESSONS = [
-    Lesson("00", "launch", "launch", (
-        ("dlcourse.launcher", "`launch`: a function on N ranks from a cell"),)),
-    Lesson("01", "memory", "memory", (
-        ("dlcourse.memory", "model state, activations and the true peak, beside the formulas"),)),
-    Lesson("02", "collectives", "collectives", (
-        ("dlcourse.collectives", "collectives, rings from send/recv, alpha-beta, CommCounter"),)),
-    Lesson("03", "data_parallel", "data parallel", (
-        ("dlcourse.parallel.data", "DataParallel (naive, bucketed, overlapped), accumulation"),
-        ("dlcourse.parallel.timeline", "the timeline recorder (Span, Timeline, the clock)"),
-        ("dlcourse.strategies.data", "the DP variants and torch DDP as catalogue entries"))),
-    Lesson("04", "tensor_parallel", "tensor parallel", (
-        ("dlcourse.parallel.tensor", "Megatron's f and g, column/row layers, SP, DTensor TP"),
-        ("dlcourse.strategies.tensor", "TP, TP + SP, DTensor TP, TP with dropout"))),
-    Lesson("05", "zero", "ZeRO", (
-        ("dlcourse.parallel.zero", "ZeRO stages 1-3 and offload, from scratch"),
-        ("dlcourse.strategies.zero", "ZeRO 1-3, ZeRO-Offload, ZeroRedundancyOptimizer, FSDP2"))),
-    Lesson("06", "pipeline", "pipeline", (
-        ("dlcourse.parallel.pipeline", "stages, schedules as data, one executor"),
-        ("dlcourse.strategies.pipeline", "GPipe, 1F1B, ZB-H1, interleaved 1F1B, torch's"))),
-    Lesson("07", "combining", "combining", (
-        ("dlcourse.parallel.grid", "RankGrid: the axes' sizes and each rank's groups"),
-        ("dlcourse.parallel.combine", "GridPlan, combine(model, plan, groups) -> GridTrainer"),
-        ("dlcourse.strategies.combine", "the rank grids of 4 and 8 ranks"),
-        ("dlcourse.planner", "the planner: layouts ranked by memory, time and cost"))),
-    Lesson("08", "context_parallel", "context parallel", (
-        ("dlcourse.parallel.context", "ring attention, zig-zag, Ulysses, all-gather KV"),
-        ("dlcourse.strategies.context", "the GPT context-parallel with each method"))),
-    Lesson("09", "experts", "experts", (
-        ("dlcourse.moe", "the MoE layer: top-k routing, the permutation, capacity"),
-        ("dlcourse.parallel.expert", "experts sharded, tokens dispatched by all-to-all"),
-        ("dlcourse.strategies.expert", "EP + DP on the MoE GPT"))),
-    Lesson("10", "debugging", "debugging", (
-        ("dlcourse.debug", "the divergence and hang finders, the catalogue of bugs"),)),
+    Lesson("00", "launch", "launch"),
+    Lesson("01", "memory", "memory"),
+    Lesson("02", "collectives", "collectives"),
+    Lesson("03", "data_parallel", "data parallel"),
+    Lesson("04", "tensor_parallel", "tensor parallel"),
+    Lesson("05", "zero", "ZeRO"),
+    Lesson("06", "pipeline", "pipeline"),
+    Lesson("07", "combining", "combining"),
+    Lesson("08", "context_parallel", "context parallel"),
+    Lesson("09", "experts", "experts"),
+    Lesson("10", "debugging", "debugging"),
 ]
+
+SERVES = {  # module of the library -> (the lesson it serves, what it holds for it)
+    "dlcourse.launcher": ("00", "`launch`: a function on N ranks from a cell"),
+    "dlcourse.memory": ("01", "model state, activations and the true peak, beside the formulas"),
+    "dlcourse.collectives": ("02", "collectives, rings from send/recv, alpha-beta, CommCounter"),
+    "dlcourse.parallel.data": ("03", "DataParallel (naive, bucketed, overlapped), accumulation"),
+    "dlcourse.parallel.timeline": ("03", "the timeline recorder (Span, Timeline, the clock)"),
+    "dlcourse.strategies.data": ("03", "the DP variants and torch DDP as catalogue entries"),
+    "dlcourse.parallel.tensor": ("04", "Megatron's f and g, column/row layers, SP, DTensor TP"),
+    "dlcourse.strategies.tensor": ("04", "TP, TP + SP, DTensor TP, TP with dropout"),
+    "dlcourse.parallel.zero": ("05", "ZeRO stages 1-3 and offload, from scratch"),
+    "dlcourse.strategies.zero": ("05", "ZeRO 1-3, ZeRO-Offload, ZeroRedundancyOptimizer, FSDP2"),
+    "dlcourse.parallel.pipeline": ("06", "stages, schedules as data, one executor"),
+    "dlcourse.strategies.pipeline": ("06", "GPipe, 1F1B, ZB-H1, interleaved 1F1B, torch's"),
+    "dlcourse.parallel.grid": ("07", "RankGrid: the axes' sizes and each rank's groups"),
+    "dlcourse.parallel.combine": ("07", "GridPlan, combine(model, plan, groups) -> GridTrainer"),
+    "dlcourse.strategies.combine": ("07", "the rank grids of 4 and 8 ranks"),
+    "dlcourse.planner": ("07", "the planner: layouts ranked by memory, time and cost"),
+    "dlcourse.parallel.context": ("08", "ring attention, zig-zag, Ulysses, all-gather KV"),
+    "dlcourse.strategies.context": ("08", "the GPT context-parallel with each method"),
+    "dlcourse.moe": ("09", "the MoE layer: top-k routing, the permutation, capacity"),
+    "dlcourse.parallel.expert": ("09", "experts sharded, tokens dispatched by all-to-all"),
+    "dlcourse.strategies.expert": ("09", "EP + DP on the MoE GPT"),
+    "dlcourse.debug": ("10", "the divergence and hang finders, the catalogue of bugs"),
+}
 
 
 def lesson(number):
