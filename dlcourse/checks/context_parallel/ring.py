@@ -242,8 +242,8 @@ def _expect_step(steps, j, r, q, kvs, positions, prefix, where, who):
             continue
         i = tuple((~ok).nonzero()[0].tolist())
         fail(where, who, f"{at}: {name}{list(i)} is {got[i].item():.6g}, causal attention over "
-                       f"{seen} gives {want[i].item():.6g} "
-                       f"({int((~ok).sum())} of {ok.numel()} differ)",
+                        f"{seen} gives {want[i].item():.6g} "
+                        f"({int((~ok).sum())} of {ok.numel()} differ)",
              explain(name, got, q, kvs, held, owners, positions, prefix, r, j))
 
 
@@ -261,18 +261,18 @@ def _expect_transfer(step, j, r, cp, direction, kv, where, who):
     if src != want_src:
         got = "the block it sent" if src == held else f"rank {src}'s block"
         fail(where, who, f"{at} returned {got} as kv_next, expected rank {want_src}'s, which its "
-                       f"neighbour rank {left} held", RING_HINT)
+                        f"neighbour rank {left} held", RING_HINT)
     size = kv.numel() * kv.element_size()
     for op, peer, verb in (("send", right, "sent"), ("recv", left, "received")):
         peers = {p for o, p, _ in moved if o == op}
         total = sum(b for o, _, b in moved if o == op)
         if peers - {peer}:
             fail(where, who, f"{at} {verb} through {op} with ranks {sorted(peers)}: a ring step "
-                           f"talks to its two neighbours only, {verb} with rank {peer}",
+                            f"talks to its two neighbours only, {verb} with rank {peer}",
                  RING_HINT)
         if total != size:
             fail(where, who, f"{at} {verb} {total} bytes through {op}, expected the block's "
-                           f"{size} bytes (K and V, once) a step", RING_HINT)
+                            f"{size} bytes (K and V, once) a step", RING_HINT)
 
 
 def _kind(value):
