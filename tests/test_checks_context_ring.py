@@ -36,8 +36,9 @@ def _merge(out_1, lse_1, out_2, lse_2):
 def ring_attention_step(q, kv, out, lse, q_pos, kv_pos, group):  # the solution notebook's
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     kv_next = torch.empty_like(kv)
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % cp, group),
-                                    dist.P2POp(dist.irecv, kv_next, (rank - 1) % cp, group)])
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, kv, group=group, group_peer=(rank + 1) % cp),
+        dist.P2POp(dist.irecv, kv_next, group=group, group_peer=(rank - 1) % cp)])
     seen = q_pos[:, None] >= kv_pos[None, :]
     if seen.any():
         out, lse = _merge(out, lse, *_block(q, kv, seen))
@@ -48,9 +49,9 @@ def ring_attention_step(q, kv, out, lse, q_pos, kv_pos, group):  # the solution 
 
 def the_other_way_round(q, kv, out, lse, q_pos, kv_pos, group):  # isend left, recv from right
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
-    send = dist.isend(kv, (rank - 1) % cp, group)
+    send = dist.isend(kv, dist.get_global_rank(group, (rank - 1) % cp), group)  # global dst
     kv_next = torch.empty_like(kv)
-    dist.recv(kv_next, (rank + 1) % cp, group)
+    dist.recv(kv_next, dist.get_global_rank(group, (rank + 1) % cp), group)
     send.wait()
     out, lse = _merge(out, lse, *_block(q, kv, q_pos[:, None] >= kv_pos[None, :]))
     return out, lse, kv_next
@@ -60,11 +61,11 @@ def by_parity_with_a_large_mask(q, kv, out, lse, q_pos, kv_pos, group):
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     kv_next = torch.empty_like(kv)
     if rank % 2 == 0:  # even ranks send first, odd ranks receive first: no deadlock
-        dist.send(kv, (rank + 1) % cp, group)
-        dist.recv(kv_next, (rank - 1) % cp, group)
+        dist.send(kv, group=group, group_dst=(rank + 1) % cp)
+        dist.recv(kv_next, group=group, group_src=(rank - 1) % cp)
     else:
-        dist.recv(kv_next, (rank - 1) % cp, group)
-        dist.send(kv, (rank + 1) % cp, group)
+        dist.recv(kv_next, group=group, group_src=(rank - 1) % cp)
+        dist.send(kv, group=group, group_dst=(rank + 1) % cp)
     k, v = kv  # -1e30 instead of -inf: a row that sees nothing gets weight exp(-1e30) = 0
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     scores = scores.masked_fill(q_pos[:, None] < kv_pos[None, :], -1e30)
@@ -91,8 +92,8 @@ def test_other_correct_rings_pass(answer, capsys):
 def blocking_sends_first(q, kv, out, lse, q_pos, kv_pos, group):
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     kv_next = torch.empty_like(kv)
-    dist.send(kv, (rank + 1) % cp, group)  # every rank waits here for a recv nobody posted
-    dist.recv(kv_next, (rank - 1) % cp, group)
+    dist.send(kv, group=group, group_dst=(rank + 1) % cp)  # waits for a recv nobody posted
+    dist.recv(kv_next, group=group, group_src=(rank - 1) % cp)
     return out, lse, kv_next
 
 
@@ -114,8 +115,9 @@ def local_positions(q, kv, out, lse, q_pos, kv_pos, group):
 def _with_mask(q, kv, out, lse, group, seen):
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     kv_next = torch.empty_like(kv)
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % cp, group),
-                                    dist.P2POp(dist.irecv, kv_next, (rank - 1) % cp, group)])
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, kv, group=group, group_peer=(rank + 1) % cp),
+        dist.P2POp(dist.irecv, kv_next, group=group, group_peer=(rank - 1) % cp)])
     out, lse = _merge(out, lse, *_block(q, kv, seen))
     for work in works:
         work.wait()
@@ -125,8 +127,9 @@ def _with_mask(q, kv, out, lse, group, seen):
 def softmax_without_the_max(q, kv, out, lse, q_pos, kv_pos, group):
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     kv_next = torch.empty_like(kv)
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % cp, group),
-                                    dist.P2POp(dist.irecv, kv_next, (rank - 1) % cp, group)])
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, kv, group=group, group_peer=(rank + 1) % cp),
+        dist.P2POp(dist.irecv, kv_next, group=group, group_peer=(rank - 1) % cp)])
     k, v = kv
     weights = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)))  # overflows at 710
     weights = weights * (q_pos[:, None] >= kv_pos[None, :])
@@ -141,8 +144,9 @@ def softmax_without_the_max(q, kv, out, lse, q_pos, kv_pos, group):
 def replaces_instead_of_merging(q, kv, out, lse, q_pos, kv_pos, group):
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     kv_next = torch.empty_like(kv)
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % cp, group),
-                                    dist.P2POp(dist.irecv, kv_next, (rank - 1) % cp, group)])
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, kv, group=group, group_peer=(rank + 1) % cp),
+        dist.P2POp(dist.irecv, kv_next, group=group, group_peer=(rank - 1) % cp)])
     seen = q_pos[:, None] >= kv_pos[None, :]
     if seen.any():
         out, lse = _block(q, kv, seen)
@@ -156,8 +160,9 @@ def recomputes_from_kept_blocks(q, kv, out, lse, q_pos, kv_pos, group, kept=[]):
     from (0, -inf), wrong where the (out, lse) it is given holds keys it never saw."""
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     kv_next = torch.empty_like(kv)
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % cp, group),
-                                    dist.P2POp(dist.irecv, kv_next, (rank - 1) % cp, group)])
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, kv, group=group, group_peer=(rank + 1) % cp),
+        dist.P2POp(dist.irecv, kv_next, group=group, group_peer=(rank - 1) % cp)])
     kept.append((kv.clone(), kv_pos.clone()))
     k_all, v_all = (torch.cat([b[i] for b, _ in kept], dim=2) for i in (0, 1))
     pos = torch.cat([p for _, p in kept])
@@ -171,7 +176,8 @@ def from_the_lesson(q, kv, out, lse, q_pos, kv_pos, group):
     from dlcourse.parallel.context.ring import start_exchange, wait
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     kv_next = torch.empty_like(kv)
-    wait(start_exchange(kv, kv_next, (rank + 1) % cp, (rank - 1) % cp, group, 0))
+    right, left = (dist.get_global_rank(group, (rank + i) % cp) for i in (1, -1))
+    wait(start_exchange(kv, kv_next, right, left, group, 0))
     return out, lse, kv_next
 
 
@@ -183,8 +189,9 @@ def returns_the_block_it_sent(q, kv, out, lse, q_pos, kv_pos, group):
 def only_for_four_ranks(q, kv, out, lse, q_pos, kv_pos, group):  # the lesson's cp = 4
     rank = dist.get_rank(group)
     kv_next = torch.empty_like(kv)
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % 4, group),
-                                    dist.P2POp(dist.irecv, kv_next, (rank - 1) % 4, group)])
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, kv, group=group, group_peer=(rank + 1) % 4),
+        dist.P2POp(dist.irecv, kv_next, group=group, group_peer=(rank - 1) % 4)])
     out, lse = _merge(out, lse, *_block(q, kv, q_pos[:, None] >= kv_pos[None, :]))
     for work in works:
         work.wait()
@@ -214,11 +221,12 @@ def through_a_file(q, kv, out, lse, q_pos, kv_pos, group, calls=[]):
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     step = len(calls)
     calls.append(step)
-    path = os.path.join(SHARED, f"{os.getppid()}-{step}-{rank}")
+    path = os.path.join(SHARED, f"{os.getppid()}-{step}-{dist.get_rank()}")  # global: unique
     with open(path + ".part", "wb") as f:
         pickle.dump(kv, f)
     os.replace(path + ".part", path)  # whole or not at all
-    left = os.path.join(SHARED, f"{os.getppid()}-{step}-{(rank - 1) % cp}")
+    left = os.path.join(SHARED, f"{os.getppid()}-{step}-"
+                        f"{dist.get_global_rank(group, (rank - 1) % cp)}")
     while not os.path.exists(left):
         time.sleep(0.005)
     with open(left, "rb") as f:
@@ -249,6 +257,27 @@ def test_wrong_ring_steps_fail_saying_why(wrong, says, hint):
     assert first.startswith(WHERE) and says in first, first
     if hint:
         assert hint in rest, rest
+
+
+def group_ranks_as_peers(q, kv, out, lse, q_pos, kv_pos, group):
+    """The solution as it was (issue 35): group ranks passed where torch reads global ones.
+    Right when the group is the world (or ranks 0..cp-1); on ranks cp..2cp-1 it names ranks
+    outside the group."""
+    rank, cp = dist.get_rank(group), dist.get_world_size(group)
+    kv_next = torch.empty_like(kv)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % cp, group),
+                                    dist.P2POp(dist.irecv, kv_next, (rank - 1) % cp, group)])
+    out, lse = _merge(out, lse, *_block(q, kv, q_pos[:, None] >= kv_pos[None, :]))
+    for work in works:
+        work.wait()
+    return out, lse, kv_next
+
+
+def test_group_ranks_passed_as_global_peers_fail_naming_group_peer():
+    # torch raises at once (a peer outside the group): no hang to wait for, default timeout
+    first, rest = first_line_and_hint(check_ring_attention_step, group_ranks_as_peers)
+    assert first.startswith(WHERE + "a dp 2 x cp "), first  # the grid's, whichever comes first
+    assert "group_peer=" in first + rest and "get_global_rank" in first + rest, first + rest
 
 
 def test_a_ring_of_four_fails_on_other_sizes():

@@ -25,10 +25,13 @@ HINTS = {
         "the causal mask comes from the global positions: query i sees key j when q_pos[i] >= "
         "kv_pos[j], its own position included; a block that no query can see adds nothing, "
         "and a row that sees no key of the block must not turn into NaN",
-        "receive into torch.empty_like(kv) from (rank - 1) % cp while kv goes to (rank + 1) % "
-        "cp; scores = q kᵀ/√d masked with -inf, block_lse = logsumexp(scores), block_out = "
-        "exp(scores - block_lse) v (NaN rows to 0); merge with your merge_partials; wait; "
-        "return (out, lse, kv_next)",
+        "receive into torch.empty_like(kv) from the group's rank (rank - 1) % cp while kv goes "
+        "to its rank (rank + 1) % cp, with rank = dist.get_rank(group): a rank of the group, "
+        "while torch 2.13 reads P2POp's peer= (and isend's dst=) as a global rank, so pass "
+        "group_peer= (group_dst=/group_src=) or dist.get_global_rank(group, ...); the two differ "
+        "whenever the CP group is not the world (a DP x CP or TP x CP grid); scores = q kᵀ/√d "
+        "masked with -inf, block_lse = logsumexp(scores), block_out = exp(scores - block_lse) v "
+        "(NaN rows to 0); merge with your merge_partials; wait; return (out, lse, kv_next)",
     ),
     "seq_to_heads": (
         "cut x into cp groups of heads; group j is what rank j needs from you",

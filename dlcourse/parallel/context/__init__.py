@@ -5,13 +5,15 @@ other tokens, gets them by communication.
     blockwise.py    attention of one query block against one key/value block -> (out, lse); the
                     online-softmax merge; the block's backward; BlockAttention (one rank)
     layout.py       Layout: contiguous or zig-zag chunks, shard / unshard; causal_work per rank
+    documents.py    document masks under CP, counted: scores kept and K/V needed per rank
     ring.py         ring attention: K/V around the ring with send/recv, forward and backward
     kernels.py      how the ring computes one block: written out, or torch's fused CPU kernel
     ulysses.py      DeepSpeed-Ulysses: all-to-all to head-sharded and back
     allgather.py    K/V by all-gather (torch's default in its experimental context_parallel)
     parallelize.py  METHODS, check_cp, context_parallel(model, group, method), average_gradients
     measure.py      one layer's communication and each rank's saved activations beside formulas
-    compare.py      time_attention: the methods and one process timed side by side (benchmark)
+    compare.py      time_attention: the methods and one process timed side by side (benchmark);
+                    a chunk pair's cost and its steps; core sharing, measured
 """
 
 from dlcourse.parallel.context.allgather import allgather_attention

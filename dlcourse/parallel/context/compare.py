@@ -5,6 +5,10 @@
     # {variant: median seconds of one forward + backward}, the same on every rank
     causal_compute_seconds(layout, rank, batch=1, heads=4, head_dim=64)
     # this rank's causal attention compute alone, without messages: the load (im)balance
+    pair_seconds([256, 512])
+    # one chunk pair and its steps (mask, masked softmax) per size: what a pair costs, and why
+    alone_and_together(group)
+    # one process's attention on one rank alone, and on every rank at once: core sharing
 
 Variants: "ring", "zigzag", "allgather" and "ulysses" on the group's ranks, each rank holding
 s/cp tokens, and "ring fused", "zigzag fused": the ring with torch's fused CPU kernel per block
@@ -93,3 +97,60 @@ def causal_compute_seconds(layout, rank, batch=1, heads=4, head_dim=64, repeats=
             attention_block(q, k, v, q_pos, k_pos, causal=True)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def pair_seconds(chunk_lens, batch=1, heads=4, head_dim=32, repeats=15):
+    """{c: {step: fastest seconds}} for one explicit forward chunk pair
+    (`blockwise.attention_block`) of c queries against c keys, and its steps, for each c in
+    `chunk_lens`, all timed side by side in interleaved rounds (a shared machine's load falls on
+    all alike; lesson 08 reads them): "unmasked" (every key before every query), "diagonal" (the
+    causal mask built and applied), and the diagonal's extra steps alone: "mask built" ((c, c)
+    bool from the positions), "mask applied" (masked_fill of the (b, a, c, c) scores), and the
+    softmax (logsumexp, exp) of "plain scores" and of "masked scores" (half of them -inf)."""
+    steps = {c: _pair_steps(c, batch, heads, head_dim) for c in chunk_lens}
+    best = {c: {name: float("inf") for name in steps[c]} for c in chunk_lens}
+    for _ in range(repeats):
+        for c in chunk_lens:
+            for name, step in steps[c].items():
+                start = time.perf_counter()
+                step()
+                best[c][name] = min(best[c][name], time.perf_counter() - start)
+    return best
+
+
+def _pair_steps(c, batch, heads, head_dim):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, c, head_dim, generator=gen) for _ in range(3))
+    early, late = torch.arange(c), torch.arange(c, 2 * c)
+    mask = visible(early, early, True)  # (c, c)
+    plain = q @ k.transpose(-2, -1)  # (b, a, c, c)
+    masked = plain.masked_fill(~mask, float("-inf"))
+    softmax = lambda s: torch.exp(s - torch.logsumexp(s, -1, keepdim=True))  # noqa: E731
+    return {"unmasked": lambda: attention_block(q, k, v, late, early, True),
+            "diagonal": lambda: attention_block(q, k, v, early, early, True),
+            "mask built": lambda: visible(early, early, True),
+            "mask applied": lambda: plain.masked_fill(~mask, float("-inf")),
+            "softmax, plain scores": lambda: softmax(plain),
+            "softmax, masked scores": lambda: softmax(masked)}
+
+
+def alone_and_together(group, variant="one process (sdpa)", batch=1, heads=4, seq_len=512,
+                       head_dim=32, rounds=15):
+    """(alone, together): fastest seconds of one forward + backward of a one-process `variant`
+    on the group's first rank while the others wait at a barrier, and on every rank at once, in
+    alternating rounds (round 0 a warm-up): what sharing the cores costs, measured side by side.
+    The fastest, not the median: on a machine shared with other work it is the round least
+    disturbed by it."""
+    (q, k, v), layout = _inputs(variant, group, batch, heads, seq_len, head_dim)
+    times = {"alone": [], "together": []}
+    for r in range(rounds + 1):
+        for mode in times:
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            if mode == "together" or dist.get_rank(group) == 0:
+                attention_step(variant, q, k, v, group, layout)
+            elapsed = time.perf_counter() - start
+            dist.barrier(group=group)
+            if r:
+                times[mode].append(elapsed)
+    return min(times["alone"]), min(times["together"])
