@@ -11,8 +11,8 @@ Fedus et al. 2021). One forward, N tokens of width h:
     keep_mask        capacity (optional): which (token, choice) assignments an expert accepts
     permute          the kept assignments sorted by expert, stably: (M,) indices, counts (E,)
     Experts          E MLPs as stacked weights, run on the sorted tokens: a loop over experts,
-                     or one grouped GEMM (`F.grouped_mm`: float32, bf16, fp16; no float64),
-                     each expert's rows padded to a multiple of 8 (`pad_groups`)
+                     or one grouped GEMM (`F.grouped_mm`: float32, bf16, fp16; no float64) on
+                     the groups as routing makes them, empty ones too (`GroupedLinear`)
     combine          the expert outputs, times their weights, added back at their tokens
     load_balance_loss  Switch's auxiliary loss E · Σ_e f_e · P_e
 
@@ -110,20 +110,12 @@ def load_balance_loss(probs, batch_counts):
     return n_experts * (f * probs.mean(dim=0)).sum()
 
 
-GROUP_ROWS = 8  # rows per group a multiple of this (and at least this): 16 bytes of bf16
-
-
-def pad_groups(counts, align=GROUP_ROWS):
+def pad_groups(counts, align):
     """counts (n,) rows per group -> (padded (n,), rows (M,)): each group grown with zero rows
     to a multiple of `align`, at least `align`, and the place of every real row in that padded
-    layout. Why: torch 2.13 takes groups of any size on the CPU and in its CUDA fallback (a loop
-    of mm: float32, fp16, or GPUs other than sm90/sm100), but its bf16 CUTLASS kernel checks
-    the groups with device-side asserts (`prepare_grouped_gemm_data`, GroupMMCommon.cuh): no
-    empty group in the 2-D x 2-D product of the weight gradient unless its operands have one
-    layout, and in some layouts every group a multiple of 16 bytes; torch 2.8 asserted a
-    multiple of 8 rows for every group. A failed device assert ends the process's CUDA context.
-    torchtitan pads every expert's rows to a multiple of 8, at least 8; so does this. The zero
-    rows add nothing to any weight's gradient and their outputs are dropped."""
+    layout. Only for a grouped GEMM that needs aligned groups: the scaled FP8 / MXFP8 kernels
+    (torchtitan pads to 16 / 32 rows for them, through torchao); torch 2.13's plain grouped
+    GEMM does not (`GroupedLinear`). The zero rows add nothing to any weight's gradient."""
     padded = (counts.clamp(min=1) + align - 1) // align * align  # (n,)
     group = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
     first = (counts.cumsum(0) - counts)[group]  # (M,) first row of each row's group, unpadded
@@ -133,10 +125,31 @@ def pad_groups(counts, align=GROUP_ROWS):
 
 class GroupedLinear(nn.Module):
     """n Linear layers held as one (n, d_out, d_in) weight; rows of x grouped by layer:
-    forward(x (M, d_in), counts (n,)) -> (M, d_out), the first counts[0] rows through layer 0..."""
+    forward(x (M, d_in), counts (n,)) -> (M, d_out), the first counts[0] rows through layer 0...
 
-    def __init__(self, n, d_in, d_out, bias=True):
+    With grouped_mm=True one `F.grouped_mm` call replaces the loop. torch 2.13's rules for it,
+    read at the source (`torch/_meta_registrations.py`, `_meta_grouped_mm_common`, which copies
+    the CUDA op's checks; `GroupedBlas.cpp` and `GroupMMCommon.cuh` as stored for torch's main
+    branch) and measured on the CPU (tests/test_expert_parallel_moe.py):
+      every device   float32, bfloat16 or float16 (float64 refused); each operand's leading
+                     stride a multiple of 16 bytes (widths h, f a multiple of 8 suit all three:
+                     `check_grouped_mm`); int32 end offsets; no bias (added here after).
+      CPU            a loop of matmuls: groups of any size, empty ones too.
+      CUDA           bfloat16 on sm90 / sm100 runs a CUTLASS kernel (`_grouped_mm_cuda`:
+                     `use_fast_path`); every other dtype and GPU the fallback, a loop of mm.
+                     The docstring's "SM >= 80" is what the function supports, not where the
+                     kernel runs. The kernel checks group sizes on the device: a multiple of
+                     16 bytes only where the grouped dim is the contiguous one, and no empty
+                     group only in the 2-D x 2-D (weight-gradient) product unless its operands
+                     are (column-major, row-major). Row-major x (M, h), as here, passes both;
+                     torchtitan removed its bf16 padding on that ground (commit fe80b63,
+                     2 April 2026: "not required by default bf16 grouped mm").
+    So the rows go in unpadded. `align` pads each group with zero rows (`pad_groups`) for a
+    kernel that needs it (FP8: 16, MXFP8: 32), none of which this course runs."""
+
+    def __init__(self, n, d_in, d_out, bias=True, align=None):
         super().__init__()
+        self.align = align  # rows per group a multiple of this, or None: groups as they come
         self.weight = nn.Parameter(torch.empty(n, d_out, d_in))
         self.bias = nn.Parameter(torch.empty(n, d_out)) if bias else None
 
@@ -154,17 +167,21 @@ class GroupedLinear(nn.Module):
         if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"grouped_mm takes float32, bfloat16 or float16, got {x.dtype}; "
                              "use the loop (grouped_mm=False) for float64")
-        padded, rows = pad_groups(counts)  # (n,) sizes, (M,) where each row goes
-        xp = x.new_zeros(int(padded.sum()), x.size(1)).index_copy(0, rows, x)  # (P, d_in)
-        offs = padded.cumsum(0).to(torch.int32)  # end row of each padded group
-        y = gmm(xp, self.weight.transpose(-2, -1), offs=offs)[rows]  # (M, d_out); zero rows gone
+        w = self.weight.transpose(-2, -1)  # (n, d_in, d_out), column-major: a view
+        if self.align is None:
+            y = gmm(x, w, offs=counts.cumsum(0).to(torch.int32))  # (M, d_out)
+        else:
+            padded, rows = pad_groups(counts, self.align)  # (n,) sizes, (M,) where rows go
+            xp = x.new_zeros(int(padded.sum()), x.size(1)).index_copy(0, rows, x)  # (P, d_in)
+            y = gmm(xp, w, offs=padded.cumsum(0).to(torch.int32))[rows]  # (M, d_out)
         # torch refuses a bias in grouped_mm ("Bias not supported yet", 2.13): add it here
         return y if self.bias is None else y + self.bias.repeat_interleave(counts, dim=0)
 
     def narrow(self, start, n):
         """A GroupedLinear of layers start..start+n-1: copies of this one's weights, on their
         device and in their dtype."""
-        part = GroupedLinear(n, self.weight.size(2), self.weight.size(1), self.bias is not None)
+        part = GroupedLinear(n, self.weight.size(2), self.weight.size(1), self.bias is not None,
+                             self.align)
         part.to(self.weight.device, self.weight.dtype)
         with torch.no_grad():
             part.weight.copy_(self.weight[start:start + n])
