@@ -5,8 +5,10 @@ router picks k of E expert MLPs; the token goes only to those, and their outputs
 the router's weights (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch Transformer,
 Fedus et al. 2021). One forward, N tokens of width h:
 
+    router_logits    the router in float32 at least, whatever the model's dtype
     route            router logits (N, E) -> probs (N, E), top-k weights renormalised over the
-                     k chosen (N, k), expert ids (N, k)
+                     k chosen (N, k), expert ids (N, k); softmax (Switch, Mixtral) or sigmoid
+                     scores (DeepSeek-V3)
     slot_counts      (k, E): how many tokens chose expert e as their j-th choice
     keep_mask        capacity (optional): which (token, choice) assignments an expert accepts
     permute          the kept assignments sorted by expert, stably: (M,) indices, counts (E,)
@@ -15,6 +17,10 @@ Fedus et al. 2021). One forward, N tokens of width h:
                      the groups as routing makes them, empty ones too (`GroupedLinear`)
     combine          the expert outputs, times their weights, added back at their tokens
     load_balance_loss  Switch's auxiliary loss E · Σ_e f_e · P_e
+    router_z_loss    ST-MoE's z-loss: the mean over tokens of (log Σ_e exp(logit_e))²
+    SharedExperts    DeepSeekMoE's shared experts: MLPs every token goes through, weight 1
+    fine_grained     DeepSeekMoE's fine-grained split of a config: m·E experts of width f/m,
+                     top m·k: the same parameters and FLOPs, many more expert combinations
 
 Two hooks make it expert-parallel without the layer knowing of ranks: `MoE.batch_counts` turns
 this process's counts into the whole batch's (one process: they are the same), and `MoE.experts`
@@ -34,6 +40,7 @@ tokens (a device's share) its own capacity, which is cheaper, but what it drops 
 how the batch is split.
 """
 
+import dataclasses
 import math
 
 import torch
@@ -41,14 +48,34 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def route(logits, k):
+def router_logits(router, x):
+    """x (N, h) -> logits (N, E) computed in float32, or in x's dtype if wider. Switch (Fedus et
+    al. 2021, §2.4, "selective precision") casts the router's input to float32 in a bfloat16
+    model, and ST-MoE (Zoph et al. 2022) traces router instability to bf16's rounding: with 8
+    significant bits a logit near 10 is off by up to 0.02, which exp turns into a 2% change of
+    its probability and can flip a top-k choice. torchtitan's router also runs in float32."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    return F.linear(x.to(dtype), router.weight.to(dtype))
+
+
+def route(logits, k, score="softmax"):
     """Router logits (N, E) -> probs (N, E), weights (N, k) renormalised to sum to 1 over the k
-    chosen, experts (N, k) int64, slot 0 the most likely. Renormalised as Mixtral (softmax over
-    the top-k logits) and GShard's top-2; with k = 1 the weight is p/p = 1, so the language-model
-    loss sends the router no gradient through it (Switch multiplies by p itself): a top-1 router
-    here learns from the load-balance loss only."""
-    probs = F.softmax(logits, dim=-1)
-    top, experts = probs.topk(k, dim=-1)  # (N, k) each, descending
+    chosen, experts (N, k) int64, slot 0 the most likely.
+    softmax: probs = softmax(logits); the weights are Mixtral's softmax over the top-k logits
+      (GShard's top-2 too). With k = 1 the weight is p/p = 1, so the language-model loss sends
+      the router no gradient through it (Switch multiplies by p itself): a top-1 router here
+      learns from the load-balance loss only.
+    sigmoid: DeepSeek-V3 (2024, §2.1.2, eq. 13-16): each expert's score s_e = sigmoid(logit_e),
+      on its own; the top-k scores normalised to sum to 1. probs = s / Σ_e s_e, the normalised
+      scores its balance loss averages (eq. 19-20)."""
+    if score == "softmax":
+        scores = probs = F.softmax(logits, dim=-1)  # (N, E)
+    elif score == "sigmoid":
+        scores = torch.sigmoid(logits)  # (N, E), each in (0, 1), not summing to 1
+        probs = scores / scores.sum(dim=-1, keepdim=True)
+    else:
+        raise ValueError(f"unknown router score {score!r}: 'softmax' or 'sigmoid'")
+    top, experts = scores.topk(k, dim=-1)  # (N, k) each, descending
     return probs, top / top.sum(dim=-1, keepdim=True), experts
 
 
@@ -108,6 +135,13 @@ def load_balance_loss(probs, batch_counts):
     n_experts = probs.size(1)
     f = batch_counts.to(probs.dtype) / batch_counts.sum()  # (E,), sums to 1
     return n_experts * (f * probs.mean(dim=0)).sum()
+
+
+def router_z_loss(logits):
+    """ST-MoE's router z-loss (Zoph et al. 2022, §3, eq. 5): (1/N) Σ_n (log Σ_e exp(logits[n, e]))².
+    It keeps the logits small, where the exponent's rounding errors are; ST-MoE weights it
+    1e-3 (`MoEConfig.z_loss_coef`). A mean over this process's tokens, like P_e."""
+    return torch.logsumexp(logits, dim=-1).square().mean()
 
 
 def pad_groups(counts, align):
@@ -204,32 +238,67 @@ class Experts(nn.Module):
         return self.proj(F.gelu(self.fc(x, counts, self.grouped_mm)), counts, self.grouped_mm)
 
 
+class SharedExperts(nn.Module):
+    """DeepSeekMoE's shared experts (Dai et al. 2024, §3.2): n expert MLPs h -> f -> h that every
+    token goes through with weight 1, beside its routed experts. The sum of n MLPs on the same
+    input is one MLP of width n·f (stack the first layers, put the second side by side, add the
+    biases), so they are held as that, as DeepSeek's released code does. (N, h) -> (N, h)."""
+
+    def __init__(self, n, hidden, expert_hidden, bias=True):
+        super().__init__()
+        self.fc = nn.Linear(hidden, n * expert_hidden, bias=bias)
+        self.proj = nn.Linear(n * expert_hidden, hidden, bias=bias)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+def fine_grained(config, m):
+    """DeepSeekMoE's fine-grained experts (Dai et al. 2024, §3.1): each expert cut into m along
+    its inner width, m·E experts of width f/m, m·k of them a token, and m·n shared ones (the
+    paper counts shared experts in fine-grained units, §3.2): the same expert weight matrices
+    and FLOPs; the router grows to m·E·h, and with biases each new expert has its own."""
+    if config.ffn_hidden % m:
+        raise ValueError(f"fine_grained: m = {m} does not divide the expert width "
+                         f"{config.ffn_hidden} ({config.ffn_hidden} / {m} = "
+                         f"{config.ffn_hidden / m:g})")
+    return dataclasses.replace(config, n_experts=m * config.n_experts, top_k=m * config.top_k,
+                               expert_hidden=config.ffn_hidden // m,
+                               n_shared_experts=m * config.n_shared_experts)
+
+
 class MoE(nn.Module):
     """The MoE MLP of a block: (B, T, h) -> (B, T, h). After each forward it holds `aux_loss`
-    (this forward's load-balance loss), `tokens_per_expert` (E,) kept assignments this process
-    sent to each expert, and `dropped`: assignments over capacity."""
+    (this forward's load-balance loss), `z_loss` (its router z-loss), `tokens_per_expert` (E,)
+    kept assignments this process sent to each expert, and `dropped`: assignments over
+    capacity. With `config.n_shared_experts` > 0, `shared` adds DeepSeekMoE's shared experts."""
 
     def __init__(self, config):
         super().__init__()
         self.n_experts, self.top_k = config.n_experts, config.top_k
-        self.capacity_factor = config.capacity_factor
+        self.capacity_factor, self.score = config.capacity_factor, config.score_func
         self.router = nn.Linear(config.hidden, config.n_experts, bias=False)
         self.experts = Experts(config.n_experts, config.hidden, config.ffn_hidden, config.bias)
+        self.shared = (SharedExperts(config.n_shared_experts, config.hidden, config.ffn_hidden,
+                                     config.bias) if config.n_shared_experts else None)
         self.dropout = nn.Dropout(config.dropout)
         self.batch_counts = one_process_counts  # replaced by expert parallelism
-        self.aux_loss = self.tokens_per_expert = self.dropped = None
+        self.aux_loss = self.z_loss = self.tokens_per_expert = self.dropped = None
 
     def forward(self, x):
         B, T, h = x.shape
         x = x.reshape(B * T, h)  # (N, h): every token on its own
-        probs, weights, experts = route(self.router(x), self.top_k)  # (N, E), (N, k), (N, k)
+        logits = router_logits(self.router, x)  # (N, E), float32 at least
+        probs, weights, experts = route(logits, self.top_k, self.score)  # (N, E), (N, k) x 2
         batch, before = self.batch_counts(slot_counts(experts, self.n_experts))  # (k, E) each
-        self.aux_loss = load_balance_loss(probs, batch.sum(dim=0))
+        self.aux_loss, self.z_loss = load_balance_loss(probs, batch.sum(0)), router_z_loss(logits)
         keep = self._keep(experts, before, batch)  # (N, k)
         order, counts = permute(experts, keep, self.n_experts)  # (M,), (E,)
         tokens = order // self.top_k  # (M,) the token of each sorted assignment
         y = self.experts(x[tokens], counts)  # (M, h), sorted by expert
-        out = combine(y, weights.flatten()[order], tokens, B * T)  # (N, h)
+        out = combine(y, weights.flatten()[order].to(y.dtype), tokens, B * T)  # (N, h)
+        if self.shared is not None:
+            out = out + self.shared(x)
         self.tokens_per_expert, self.dropped = counts, int((~keep).sum())
         return self.dropout(out.view(B, T, h))
 

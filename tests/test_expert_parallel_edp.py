@@ -2,7 +2,8 @@
 `dlcourse/parallel/expert/groups.py`): 4 ranks, each training on 1 of 4 sequences (dp = 4),
 experts dealt out over EP groups of 2 ({0, 1}, {2, 3}). Each expert then has 2 copies, one per
 EP group, held by an expert-data-parallel group ({0, 2}, {1, 3}). Two AdamW steps in float64,
-dropless top-2 and top-1 with a capacity, equal one process on the whole batch: losses, the
+dropless top-2, top-1 with a capacity, and DeepSeek's shared + fine-grained experts with sigmoid
+scores and ST-MoE's z-loss, equal one process on the whole batch: losses, the
 first step's gradients, every weight after the steps. Without the EDP all-reduce the expert
 gradients are each EP group's half only: asserted to be far off, so the test can fail.
 
@@ -17,13 +18,18 @@ import torch.distributed as dist
 
 import dlcourse
 from dlcourse.models import MoEConfig, MoEGPT, moe_loss, synthetic_tokens
+from dlcourse.moe import fine_grained
 from dlcourse.parallel.data.steps import shard_batch
 from dlcourse.parallel.expert import (average_gradients, ep_layout, expert_parallel,
                                       full_parameters, new_expert_groups)
 
 BASE = dict(vocab_size=32, seq_len=8, n_heads=4, hidden=16, n_experts=8, n_layers=2)
 CONFIGS = {"dropless": MoEConfig(**BASE, top_k=2),
-           "capacity": MoEConfig(**BASE, top_k=1, moe_every=2, capacity_factor=0.75)}
+           "capacity": MoEConfig(**BASE, top_k=1, moe_every=2, capacity_factor=0.75),
+           # DeepSeek's choices (moe.py): 16 experts of width 32, top-2, 2 shared ones, sigmoid
+           # scores, and ST-MoE's z-loss: the shared experts are dense weights here
+           "deepseek": fine_grained(MoEConfig(**BASE, top_k=1, n_shared_experts=1,
+                                              score_func="sigmoid", z_loss_coef=1e-3), 2)}
 BATCH, STEPS, LR, EP = 4, 2, 1e-3, 2
 TOL_WEIGHTS, TOL = 1e-11, 1e-12
 
