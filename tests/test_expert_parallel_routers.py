@@ -36,7 +36,11 @@ def test_sigmoid_routing_is_deepseek_v3s_normalised_top_k():
 
 
 def test_router_runs_in_float32_in_a_bfloat16_model():
-    layer = MoE(CFG).to(torch.bfloat16)
+    layer = MoE(CFG)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(std=0.2)
+    layer.to(torch.bfloat16)
     x = torch.randn(64, 16).to(torch.bfloat16)
     got = router_logits(layer.router, x)
     want = x.float() @ layer.router.weight.float().T  # the same bf16 values, multiplied in fp32
@@ -89,6 +93,10 @@ def test_shared_experts_are_the_sum_of_n_expert_mlps():
 def test_moe_with_shared_experts_adds_them_to_the_routed_output_of_every_token():
     config = MoEConfig(**{**CFG.__dict__, "n_shared_experts": 2})
     with_shared = MoE(config).double()
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # GroupedLinear's weights start as torch.empty: draw them
+        for p in with_shared.parameters():
+            p.copy_(0.2 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     routed = MoE(CFG).double()
     routed.load_state_dict({k: v for k, v in with_shared.state_dict().items()
                             if not k.startswith("shared.")})
