@@ -10,12 +10,14 @@ dp/ep groups inside it (`groups.py`): dense weights are replicated and averaged 
     experts.py      ExpertParallelExperts: count exchange, dispatch, local experts (loop or
                     grouped GEMM), combine; sort_by_local_expert, inverse_permutation
     parallelize.py  check_ep, expert_parallel(model, group) / parallel_moe, average_gradients
-                    (dense: all-reduce / ep; experts: / ep), full_parameters, expert_parameters
+                    (dense: all-reduce over dp, / dp; experts: all-reduce over the expert-data-
+                    parallel group if dp > ep, / dp), full_parameters, expert_parameters
     groups.py       ep_layout, new_expert_groups: EP groups inside data parallelism (dp > ep)
                     and the expert-data-parallel groups that average each expert's copies
     measure.py      count_layer, rows_moved, all_to_all_formula, param_bytes, local_param_bytes
     compare.py      VARIANTS (scratch / torch dispatch x loop / grouped GEMM), time_variants
-                    beside one process (`benchmarks/expert_parallel.py`)
+                    beside one process (`benchmarks/expert_parallel.py`); communication_share:
+                    an EP step beside its collectives replayed alone
 """
 
 from dlcourse.parallel.expert.comm import (GroupCounts, all_to_all, exchange_counts,
