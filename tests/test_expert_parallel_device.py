@@ -10,8 +10,11 @@ torch sees a GPU (CI skips it: `needs_gpu`). The CUDA variants have NOT been run
   rank); bytes across GPUs need two of them.
 - The experts as one grouped GEMM (`F.grouped_mm`, torch 2.13; `torch._grouped_mm` before)
   against the loop over experts, forward and backward, on the device: float32 and bfloat16 on
-  CPU (torch 2.13's CPU build has a composite kernel for every dtype), bfloat16 on CUDA (its
-  docstring: bfloat16 on GPUs of compute capability 8.0 or more).
+  CPU (torch 2.13's CPU kernel, a loop of matmuls, takes float32, bfloat16 and float16 and
+  refuses float64), bfloat16 on CUDA (its docstring: bfloat16 on GPUs of compute capability 8.0
+  or more). The groups go in unpadded, an empty one and sizes not a multiple of 8 among them:
+  on sm90/sm100 this is the check that the CUTLASS kernel's device asserts let them through
+  (`moe.GroupedLinear`'s docstring says why they should).
 """
 
 import pytest
