@@ -24,7 +24,7 @@ import torch.distributed as dist
 import dlcourse
 from conftest import needs_gpu
 from dlcourse.models import MoEConfig
-from dlcourse.moe import Experts
+from dlcourse.moe_experts import Experts
 from dlcourse.parallel.expert.measure import all_to_all_formula, count_layer, rows_moved
 
 CFG = MoEConfig(vocab_size=32, seq_len=8, n_layers=1, n_heads=4, hidden=16, n_experts=4, top_k=2)

@@ -227,7 +227,7 @@ def test_grouped_gemm_on_widths_it_cannot_take_is_refused_before_ranks_start():
 
 
 def test_pad_groups_puts_every_row_in_its_groups_padded_block_in_order():
-    from dlcourse.moe import pad_groups
+    from dlcourse.moe_experts import pad_groups
     counts = torch.tensor([5, 0, 9, 8, 1])
     padded, rows = pad_groups(counts, 8)
     assert padded.tolist() == [8, 8, 16, 8, 8]  # a multiple of 8, at least 8 (empty: 8 zero rows)
@@ -270,3 +270,35 @@ def test_grouped_gemm_takes_groups_as_routed_and_pads_only_when_asked(monkeypatc
         assert (sizes % 16 == 0).all() and (sizes >= 16).all(), sizes.tolist()
     for want, got in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_gemms_of_forward_and_backward_are_in_layouts_cudas_kernel_does_not_check():
+    # GroupedLinear's docstring: torch's CUTLASS kernel (GroupMMCommon.cuh) checks group sizes
+    # only for a column-major 2-D left operand against a 3-D right one, or in a 2-D x 2-D
+    # product not (column-major, row-major). Log what autograd hands the op, forward and back.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def row_major(t):
+        return t.stride(-1) == 1
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._grouped_mm.default:
+                seen.append((args[0].dim(), row_major(args[0]), args[1].dim(),
+                             row_major(args[1])))
+            return func(*args, **(kwargs or {}))
+
+    experts = Experts(4, 16, 64, grouped_mm=True)
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    x = torch.randn(16, 16, requires_grad=True)
+    with Log():
+        experts(x, torch.tensor([5, 0, 9, 2])).sum().backward()
+    assert len(seen) == 6  # 2 layers: forward, input gradient, weight gradient
+    for a_dim, a_row, b_dim, b_row in seen:
+        if b_dim == 3:
+            assert a_dim == 2 and a_row  # the rows (M, d) row-major: no check on M
+        else:
+            assert (a_dim, a_row, b_row) == (2, False, True)  # gradᵀ · x: empty groups allowed
