@@ -68,7 +68,7 @@ def route(logits, k, score="softmax"):
       (GShard's top-2 too). With k = 1 the weight is p/p = 1, so the language-model loss sends
       the router no gradient through it (Switch multiplies by p itself): a top-1 router here
       learns from the load-balance loss only.
-    sigmoid: DeepSeek-V3 (2024, §2.1.2, eq. 13-16): each expert's score s_e = sigmoid(logit_e),
+    sigmoid: DeepSeek-V3 (2024, §2.1.2, eq. 13-15): each expert's score s_e = sigmoid(logit_e),
       on its own; the top-k scores normalised to sum to 1. probs = s / Σ_e s_e, the normalised
       scores its balance loss averages (eq. 19-20)."""
     if score == "softmax":
