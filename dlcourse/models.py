@@ -142,7 +142,7 @@ class MoEConfig(GPTConfig):
     aux_loss_coef: float = 0.01  # alpha: weight of the load-balance loss (Switch's 1e-2)
     n_shared_experts: int = 0  # DeepSeekMoE's shared experts: every token, weight 1 (0: none)
     score_func: str = "softmax"  # router scores: "softmax" (Switch, Mixtral), "sigmoid" (DS-V3)
-    z_loss_coef: float = 0.0  # weight of ST-MoE's router z-loss (ST-MoE uses 1e-3; 0: off)
+    z_loss_coef: float = 0.0  # weight of ST-MoE's router z-loss (HF's Switch: 1e-3; 0: off)
 
     def __post_init__(self):
         super().__post_init__()

@@ -54,9 +54,10 @@ from dlcourse.moe_experts import Experts, SharedExperts
 def router_logits(router, x):
     """x (N, h) -> logits (N, E) computed in float32, or in x's dtype if wider. Switch (Fedus et
     al. 2021, §2.4, "selective precision") casts the router's input to float32 in a bfloat16
-    model, and ST-MoE (Zoph et al. 2022) traces router instability to bf16's rounding: with 8
-    significant bits a logit near 10 is off by up to 0.02, which exp turns into a 2% change of
-    its probability and can flip a top-k choice. torchtitan's router also runs in float32."""
+    model. bf16 keeps 8 significant bits: a logit near 10 is off by up to 0.03 (half its step
+    of 1/16 there), which exp turns into a 3% change of its probability and can flip a top-k
+    choice. torchtitan's router also computes its gate in float32 (TokenChoiceTopKRouter,
+    torchtitan/models/common/moe.py at b5bcd76)."""
     dtype = torch.promote_types(x.dtype, torch.float32)
     return F.linear(x.to(dtype), router.weight.to(dtype))
 
@@ -69,8 +70,9 @@ def route(logits, k, score="softmax"):
       the router no gradient through it (Switch multiplies by p itself): a top-1 router here
       learns from the load-balance loss only.
     sigmoid: DeepSeek-V3 (2024, §2.1.2, eq. 13-15): each expert's score s_e = sigmoid(logit_e),
-      on its own; the top-k scores normalised to sum to 1. probs = s / Σ_e s_e, the normalised
-      scores its balance loss averages (eq. 19-20)."""
+      on its own (eq. 15); the top-k scores normalised to sum to 1 (eq. 13-14; DeepSeek's
+      released Gate then scales them by route_scale, 2.5 for V3, which is left out here).
+      probs = s / Σ_e s_e, the normalised scores its balance loss averages (eq. 19-20)."""
     if score == "softmax":
         scores = probs = F.softmax(logits, dim=-1)  # (N, E)
     elif score == "sigmoid":
@@ -141,10 +143,11 @@ def load_balance_loss(probs, batch_counts):
 
 
 def router_z_loss(logits):
-    """ST-MoE's router z-loss (Zoph et al. 2022, §3, eq. 5):
-    (1/N) Σ_n (log Σ_e exp(logits[n, e]))².
-    It keeps the logits small, where the exponent's rounding errors are; ST-MoE weights it
-    1e-3 (`MoEConfig.z_loss_coef`). A mean over this process's tokens, like P_e."""
+    """ST-MoE's router z-loss (Zoph et al. 2022): (1/N) Σ_n (log Σ_e exp(logits[n, e]))², as
+    Hugging Face's router_z_loss_func (switch_transformers) and Google's TF Model Garden
+    _router_z_loss compute it. It keeps the logits small, where the exponent's rounding errors
+    are small; Hugging Face's Switch config weights it 1e-3 (`MoEConfig.z_loss_coef`). A mean
+    over this process's tokens, like P_e."""
     return torch.logsumexp(logits, dim=-1).square().mean()
 
 

@@ -25,7 +25,7 @@ def test_sigmoid_routing_is_deepseek_v3s_normalised_top_k():
     for n in range(12):
         s = [1 / (1 + math.exp(-v)) for v in logits[n].tolist()]  # eq. 15: s = sigmoid(u·e)
         chosen = sorted(range(8), key=lambda e: -s[e])[:3]  # eq. 14: the top-k of s
-        total = sum(s[e] for e in chosen)
+        total = sum(s[e] for e in chosen)  # eq. 13: normalised over the chosen
         assert experts[n].tolist() == chosen
         assert weights[n].tolist() == pytest.approx([s[e] / total for e in chosen], abs=1e-15)
         assert probs[n].tolist() == pytest.approx([v / sum(s) for v in s], abs=1e-15)
