@@ -131,7 +131,8 @@ class SharedExperts(nn.Module):
     """DeepSeekMoE's shared experts (Dai et al. 2024, §3.2): n expert MLPs h -> f -> h that every
     token goes through with weight 1, beside its routed experts. The sum of n MLPs on the same
     input is one MLP of width n·f (stack the first layers, put the second side by side, add the
-    biases), so they are held as that, as DeepSeek's released code does. (N, h) -> (N, h)."""
+    biases), so they are held as that, as DeepSeek-V3's released code does (inference/model.py:
+    MLP(dim, n_shared_experts * moe_inter_dim)). (N, h) -> (N, h)."""
 
     def __init__(self, n, hidden, expert_hidden, bias=True):
         super().__init__()
