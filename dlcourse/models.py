@@ -140,9 +140,21 @@ class MoEConfig(GPTConfig):
     moe_every: int = 1  # block i is MoE when (i + 1) % moe_every == 0: 1 all, 2 every other
     expert_hidden: int = 0  # f: each expert's inner width; 0 means 4h, the dense MLP's
     aux_loss_coef: float = 0.01  # alpha: weight of the load-balance loss (Switch's 1e-2)
+    n_shared_experts: int = 0  # DeepSeekMoE's shared experts: every token, weight 1 (0: none)
+    score_func: str = "softmax"  # router scores: "softmax" (Switch, Mixtral), "sigmoid" (DS-V3)
+    z_loss_coef: float = 0.0  # weight of ST-MoE's router z-loss (HF's Switch: 1e-3; 0: off)
 
     def __post_init__(self):
         super().__post_init__()
+        if isinstance(self.n_shared_experts, bool) or not isinstance(self.n_shared_experts, int) \
+                or self.n_shared_experts < 0:
+            raise ValueError(f"MoEConfig.n_shared_experts must be a whole number >= 0, got "
+                             f"{self.n_shared_experts!r}")
+        if self.score_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"MoEConfig.score_func must be 'softmax' or 'sigmoid', got "
+                             f"{self.score_func!r}")
+        if not self.z_loss_coef >= 0:
+            raise ValueError(f"MoEConfig.z_loss_coef must be >= 0, got {self.z_loss_coef!r}")
         for name in ("n_experts", "top_k", "moe_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -188,10 +200,17 @@ class MoEGPT(GPT):
     def aux_loss(self):
         return sum(moe.aux_loss for moe in self.moe_layers())
 
+    def z_loss(self):
+        return sum(moe.z_loss for moe in self.moe_layers())
+
 
 def moe_loss(model, logits, targets):
-    """lm_loss + alpha · the load-balance losses of the forward that made `logits`."""
-    return lm_loss(logits, targets) + model.config.aux_loss_coef * model.aux_loss()
+    """lm_loss + alpha · the load-balance losses (+ z_loss_coef · the router z-losses, when on)
+    of the forward that made `logits`."""
+    loss = lm_loss(logits, targets) + model.config.aux_loss_coef * model.aux_loss()
+    if model.config.z_loss_coef:
+        loss = loss + model.config.z_loss_coef * model.z_loss()
+    return loss
 
 
 @dataclass

@@ -5,16 +5,23 @@ router picks k of E expert MLPs; the token goes only to those, and their outputs
 the router's weights (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch Transformer,
 Fedus et al. 2021). One forward, N tokens of width h:
 
+    router_logits    the router in float32 at least, whatever the model's dtype
     route            router logits (N, E) -> probs (N, E), top-k weights renormalised over the
-                     k chosen (N, k), expert ids (N, k)
+                     k chosen (N, k), expert ids (N, k); softmax (Switch, Mixtral) or sigmoid
+                     scores (DeepSeek-V3)
     slot_counts      (k, E): how many tokens chose expert e as their j-th choice
     keep_mask        capacity (optional): which (token, choice) assignments an expert accepts
     permute          the kept assignments sorted by expert, stably: (M,) indices, counts (E,)
     Experts          E MLPs as stacked weights, run on the sorted tokens: a loop over experts,
-                     or one grouped GEMM (`F.grouped_mm`: float32, bf16, fp16; no float64),
-                     each expert's rows padded to a multiple of 8 (`pad_groups`)
+                     or one grouped GEMM (`F.grouped_mm`: float32, bf16, fp16; no float64) on
+                     the groups as routing makes them, empty ones too (`moe_experts.py`)
     combine          the expert outputs, times their weights, added back at their tokens
     load_balance_loss  Switch's auxiliary loss E · Σ_e f_e · P_e
+    router_z_loss    ST-MoE's z-loss: the mean over tokens of (log Σ_e exp(logit_e))²
+    SharedExperts    DeepSeekMoE's shared experts: MLPs every token goes through, weight 1
+                     (`moe_experts.py`)
+    fine_grained     DeepSeekMoE's fine-grained split of a config: m·E experts of width f/m,
+                     top m·k: the same parameters and FLOPs, many more expert combinations
 
 Two hooks make it expert-parallel without the layer knowing of ranks: `MoE.batch_counts` turns
 this process's counts into the whole batch's (one process: they are the same), and `MoE.experts`
@@ -34,21 +41,46 @@ tokens (a device's share) its own capacity, which is cheaper, but what it drops 
 how the batch is split.
 """
 
+import dataclasses
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dlcourse.moe_experts import Experts, SharedExperts
 
-def route(logits, k):
+
+def router_logits(router, x):
+    """x (N, h) -> logits (N, E) computed in float32, or in x's dtype if wider. Switch (Fedus et
+    al. 2021, §2.4, "selective precision") casts the router's input to float32 in a bfloat16
+    model. bf16 keeps 8 significant bits: a logit near 10 is off by up to 0.03 (half its step
+    of 1/16 there), which exp turns into a 3% change of its probability and can flip a top-k
+    choice. torchtitan's router also computes its gate in float32 (TokenChoiceTopKRouter,
+    torchtitan/models/common/moe.py at b5bcd76)."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    return F.linear(x.to(dtype), router.weight.to(dtype))
+
+
+def route(logits, k, score="softmax"):
     """Router logits (N, E) -> probs (N, E), weights (N, k) renormalised to sum to 1 over the k
-    chosen, experts (N, k) int64, slot 0 the most likely. Renormalised as Mixtral (softmax over
-    the top-k logits) and GShard's top-2; with k = 1 the weight is p/p = 1, so the language-model
-    loss sends the router no gradient through it (Switch multiplies by p itself): a top-1 router
-    here learns from the load-balance loss only."""
-    probs = F.softmax(logits, dim=-1)
-    top, experts = probs.topk(k, dim=-1)  # (N, k) each, descending
+    chosen, experts (N, k) int64, slot 0 the most likely.
+    softmax: probs = softmax(logits); the weights are Mixtral's softmax over the top-k logits
+      (GShard's top-2 too). With k = 1 the weight is p/p = 1, so the language-model loss sends
+      the router no gradient through it (Switch multiplies by p itself): a top-1 router here
+      learns from the load-balance loss only.
+    sigmoid: DeepSeek-V3 (2024, §2.1.2, eq. 13-15): each expert's score s_e = sigmoid(logit_e),
+      on its own (eq. 15); the top-k scores normalised to sum to 1 (eq. 13-14; DeepSeek's
+      released Gate then scales them by route_scale, 2.5 for V3, which is left out here).
+      probs = s / Σ_e s_e, the normalised scores its balance loss averages (eq. 19-20)."""
+    if score == "softmax":
+        scores = probs = F.softmax(logits, dim=-1)  # (N, E)
+    elif score == "sigmoid":
+        scores = torch.sigmoid(logits)  # (N, E), each in (0, 1), not summing to 1
+        probs = scores / scores.sum(dim=-1, keepdim=True)
+    else:
+        raise ValueError(f"unknown router score {score!r}: 'softmax' or 'sigmoid'")
+    top, experts = scores.topk(k, dim=-1)  # (N, k) each, descending
     return probs, top / top.sum(dim=-1, keepdim=True), experts
 
 
@@ -110,109 +142,61 @@ def load_balance_loss(probs, batch_counts):
     return n_experts * (f * probs.mean(dim=0)).sum()
 
 
-GROUP_ROWS = 8  # rows per group a multiple of this (and at least this): 16 bytes of bf16
+def router_z_loss(logits):
+    """ST-MoE's router z-loss (Zoph et al. 2022): (1/N) Σ_n (log Σ_e exp(logits[n, e]))², as
+    Hugging Face's router_z_loss_func (switch_transformers) and Google's TF Model Garden
+    _router_z_loss compute it. It keeps the logits small, where the exponent's rounding errors
+    are small; Hugging Face's Switch config weights it 1e-3 (`MoEConfig.z_loss_coef`). A mean
+    over this process's tokens, like P_e."""
+    return torch.logsumexp(logits, dim=-1).square().mean()
 
 
-def pad_groups(counts, align=GROUP_ROWS):
-    """counts (n,) rows per group -> (padded (n,), rows (M,)): each group grown with zero rows
-    to a multiple of `align`, at least `align`, and the place of every real row in that padded
-    layout. Why: torch 2.13 takes groups of any size on the CPU and in its CUDA fallback (a loop
-    of mm: float32, fp16, or GPUs other than sm90/sm100), but its bf16 CUTLASS kernel checks
-    the groups with device-side asserts (`prepare_grouped_gemm_data`, GroupMMCommon.cuh): no
-    empty group in the 2-D x 2-D product of the weight gradient unless its operands have one
-    layout, and in some layouts every group a multiple of 16 bytes; torch 2.8 asserted a
-    multiple of 8 rows for every group. A failed device assert ends the process's CUDA context.
-    torchtitan pads every expert's rows to a multiple of 8, at least 8; so does this. The zero
-    rows add nothing to any weight's gradient and their outputs are dropped."""
-    padded = (counts.clamp(min=1) + align - 1) // align * align  # (n,)
-    group = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
-    first = (counts.cumsum(0) - counts)[group]  # (M,) first row of each row's group, unpadded
-    start = (padded.cumsum(0) - padded)[group]  # (M,) the same, padded
-    return padded, start + torch.arange(group.numel(), device=counts.device) - first
-
-
-class GroupedLinear(nn.Module):
-    """n Linear layers held as one (n, d_out, d_in) weight; rows of x grouped by layer:
-    forward(x (M, d_in), counts (n,)) -> (M, d_out), the first counts[0] rows through layer 0..."""
-
-    def __init__(self, n, d_in, d_out, bias=True):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(n, d_out, d_in))
-        self.bias = nn.Parameter(torch.empty(n, d_out)) if bias else None
-
-    def forward(self, x, counts, grouped_mm=False):
-        if grouped_mm:
-            return self._grouped_mm(x, counts)
-        pieces = x.split(counts.tolist())  # one (count_e, d_in) piece per layer, empty ones too
-        bias = [None] * len(pieces) if self.bias is None else self.bias
-        return torch.cat([F.linear(p, w, b) for p, w, b in zip(pieces, self.weight, bias)])
-
-    def _grouped_mm(self, x, counts):
-        gmm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-        if gmm is None:
-            raise RuntimeError(f"torch {torch.__version__} has no grouped GEMM; use the loop")
-        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"grouped_mm takes float32, bfloat16 or float16, got {x.dtype}; "
-                             "use the loop (grouped_mm=False) for float64")
-        padded, rows = pad_groups(counts)  # (n,) sizes, (M,) where each row goes
-        xp = x.new_zeros(int(padded.sum()), x.size(1)).index_copy(0, rows, x)  # (P, d_in)
-        offs = padded.cumsum(0).to(torch.int32)  # end row of each padded group
-        y = gmm(xp, self.weight.transpose(-2, -1), offs=offs)[rows]  # (M, d_out); zero rows gone
-        # torch refuses a bias in grouped_mm ("Bias not supported yet", 2.13): add it here
-        return y if self.bias is None else y + self.bias.repeat_interleave(counts, dim=0)
-
-    def narrow(self, start, n):
-        """A GroupedLinear of layers start..start+n-1: copies of this one's weights, on their
-        device and in their dtype."""
-        part = GroupedLinear(n, self.weight.size(2), self.weight.size(1), self.bias is not None)
-        part.to(self.weight.device, self.weight.dtype)
-        with torch.no_grad():
-            part.weight.copy_(self.weight[start:start + n])
-            if self.bias is not None:
-                part.bias.copy_(self.bias[start:start + n])
-        return part
-
-
-class Experts(nn.Module):
-    """E expert MLPs h -> f -> GELU -> h, the dense `MLPBlock`'s shape each:
-    forward(x (M, h) sorted by expert, counts (E,)) -> (M, h) in the same order."""
-
-    def __init__(self, n_experts, hidden, expert_hidden, bias=True, grouped_mm=False):
-        super().__init__()
-        self.n_experts, self.grouped_mm = n_experts, grouped_mm
-        self.fc = GroupedLinear(n_experts, hidden, expert_hidden, bias)
-        self.proj = GroupedLinear(n_experts, expert_hidden, hidden, bias)
-
-    def forward(self, x, counts):
-        return self.proj(F.gelu(self.fc(x, counts, self.grouped_mm)), counts, self.grouped_mm)
+def fine_grained(config, m):
+    """DeepSeekMoE's fine-grained experts (Dai et al. 2024, §3.1): each expert cut into m along
+    its inner width, m·E experts of width f/m, m·k of them a token, and m·n shared ones (the
+    paper counts shared experts in fine-grained units, §3.2): the same expert weight matrices
+    and FLOPs; the router grows to m·E·h, and with biases each new expert has its own."""
+    if config.ffn_hidden % m:
+        raise ValueError(f"fine_grained: m = {m} does not divide the expert width "
+                         f"{config.ffn_hidden} ({config.ffn_hidden} / {m} = "
+                         f"{config.ffn_hidden / m:g})")
+    return dataclasses.replace(config, n_experts=m * config.n_experts, top_k=m * config.top_k,
+                               expert_hidden=config.ffn_hidden // m,
+                               n_shared_experts=m * config.n_shared_experts)
 
 
 class MoE(nn.Module):
     """The MoE MLP of a block: (B, T, h) -> (B, T, h). After each forward it holds `aux_loss`
-    (this forward's load-balance loss), `tokens_per_expert` (E,) kept assignments this process
-    sent to each expert, and `dropped`: assignments over capacity."""
+    (this forward's load-balance loss), `z_loss` (its router z-loss), `tokens_per_expert` (E,)
+    kept assignments this process sent to each expert, and `dropped`: assignments over
+    capacity. With `config.n_shared_experts` > 0, `shared` adds DeepSeekMoE's shared experts."""
 
     def __init__(self, config):
         super().__init__()
         self.n_experts, self.top_k = config.n_experts, config.top_k
-        self.capacity_factor = config.capacity_factor
+        self.capacity_factor, self.score = config.capacity_factor, config.score_func
         self.router = nn.Linear(config.hidden, config.n_experts, bias=False)
         self.experts = Experts(config.n_experts, config.hidden, config.ffn_hidden, config.bias)
+        self.shared = (SharedExperts(config.n_shared_experts, config.hidden, config.ffn_hidden,
+                                     config.bias) if config.n_shared_experts else None)
         self.dropout = nn.Dropout(config.dropout)
         self.batch_counts = one_process_counts  # replaced by expert parallelism
-        self.aux_loss = self.tokens_per_expert = self.dropped = None
+        self.aux_loss = self.z_loss = self.tokens_per_expert = self.dropped = None
 
     def forward(self, x):
         B, T, h = x.shape
         x = x.reshape(B * T, h)  # (N, h): every token on its own
-        probs, weights, experts = route(self.router(x), self.top_k)  # (N, E), (N, k), (N, k)
+        logits = router_logits(self.router, x)  # (N, E), float32 at least
+        probs, weights, experts = route(logits, self.top_k, self.score)  # (N, E), (N, k) x 2
         batch, before = self.batch_counts(slot_counts(experts, self.n_experts))  # (k, E) each
-        self.aux_loss = load_balance_loss(probs, batch.sum(dim=0))
+        self.aux_loss, self.z_loss = load_balance_loss(probs, batch.sum(0)), router_z_loss(logits)
         keep = self._keep(experts, before, batch)  # (N, k)
         order, counts = permute(experts, keep, self.n_experts)  # (M,), (E,)
         tokens = order // self.top_k  # (M,) the token of each sorted assignment
         y = self.experts(x[tokens], counts)  # (M, h), sorted by expert
-        out = combine(y, weights.flatten()[order], tokens, B * T)  # (N, h)
+        out = combine(y, weights.flatten()[order].to(y.dtype), tokens, B * T)  # (N, h)
+        if self.shared is not None:
+            out = out + self.shared(x)
         self.tokens_per_expert, self.dropped = counts, int((~keep).sum())
         return self.dropout(out.view(B, T, h))
 

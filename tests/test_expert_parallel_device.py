@@ -10,8 +10,11 @@ torch sees a GPU (CI skips it: `needs_gpu`). The CUDA variants have NOT been run
   rank); bytes across GPUs need two of them.
 - The experts as one grouped GEMM (`F.grouped_mm`, torch 2.13; `torch._grouped_mm` before)
   against the loop over experts, forward and backward, on the device: float32 and bfloat16 on
-  CPU (torch 2.13's CPU build has a composite kernel for every dtype), bfloat16 on CUDA (its
-  docstring: bfloat16 on GPUs of compute capability 8.0 or more).
+  CPU (torch 2.13's CPU kernel, a loop of matmuls, takes float32, bfloat16 and float16 and
+  refuses float64), bfloat16 on CUDA (its docstring: bfloat16 on GPUs of compute capability 8.0
+  or more). The groups go in unpadded, an empty one and sizes not a multiple of 8 among them:
+  on sm90/sm100 this is the check that the CUTLASS kernel's device asserts let them through
+  (`moe.GroupedLinear`'s docstring says why they should).
 """
 
 import pytest
@@ -21,7 +24,7 @@ import torch.distributed as dist
 import dlcourse
 from conftest import needs_gpu
 from dlcourse.models import MoEConfig
-from dlcourse.moe import Experts
+from dlcourse.moe_experts import Experts
 from dlcourse.parallel.expert.measure import all_to_all_formula, count_layer, rows_moved
 
 CFG = MoEConfig(vocab_size=32, seq_len=8, n_layers=1, n_heads=4, hidden=16, n_experts=4, top_k=2)
@@ -98,9 +101,9 @@ def loop_and_grouped(device, dtype):
         for p in experts.parameters():
             p.copy_(0.2 * torch.randn(p.shape, generator=gen))
     experts.to(device, dtype)
-    # groups as routing makes them: sizes not a multiple of 8 and an expert with no rows;
-    # `GroupedLinear` pads each to a multiple of 8 rows, at least 8, before torch's kernel
-    # (`moe.pad_groups`, torchtitan's rule), so CUDA's device-side checks never see them
+    # groups as routing makes them, handed to torch's kernel unpadded: sizes not a multiple
+    # of 8 and an expert with no rows (on CUDA bf16 sm90/sm100 the CUTLASS kernel's device
+    # checks must let these through in the layouts `GroupedLinear` uses: its docstring)
     counts = torch.tensor([5, 0, 19, 8], device=device)
     x = torch.randn(32, 16, generator=gen).to(device, dtype).requires_grad_()
     grad = torch.randn(32, 16, generator=gen).to(device, dtype)

@@ -227,9 +227,9 @@ def test_grouped_gemm_on_widths_it_cannot_take_is_refused_before_ranks_start():
 
 
 def test_pad_groups_puts_every_row_in_its_groups_padded_block_in_order():
-    from dlcourse.moe import pad_groups
+    from dlcourse.moe_experts import pad_groups
     counts = torch.tensor([5, 0, 9, 8, 1])
-    padded, rows = pad_groups(counts)
+    padded, rows = pad_groups(counts, 8)
     assert padded.tolist() == [8, 8, 16, 8, 8]  # a multiple of 8, at least 8 (empty: 8 zero rows)
     ends = padded.cumsum(0)
     for e, piece in enumerate(rows.split(counts.tolist())):  # rows of group e, in order
@@ -237,9 +237,11 @@ def test_pad_groups_puts_every_row_in_its_groups_padded_block_in_order():
         assert piece.tolist() == list(range(start, start + int(counts[e])))
 
 
-def test_grouped_gemm_gets_groups_of_a_multiple_of_8_rows_and_none_empty(monkeypatch):
-    # torchtitan's rule for torch._grouped_mm on CUDA (bf16: 16 bytes = 8 rows), which a CPU
-    # run cannot trip: record the offsets the library hands to torch's grouped GEMM.
+def test_grouped_gemm_takes_groups_as_routed_and_pads_only_when_asked(monkeypatch):
+    # torch 2.13's plain grouped GEMM takes any group sizes (`GroupedLinear`'s docstring), so
+    # the offsets handed to it are the routed counts' ends, the empty group included; with
+    # `align` (what an FP8 kernel would need) every group is a multiple of it, at least it,
+    # and the result is the same to float32 rounding, forward and backward.
     real, seen = F.grouped_mm, []
 
     def recording(a, b, *, offs=None, **kw):
@@ -247,12 +249,56 @@ def test_grouped_gemm_gets_groups_of_a_multiple_of_8_rows_and_none_empty(monkeyp
         return real(a, b, offs=offs, **kw)
 
     monkeypatch.setattr(F, "grouped_mm", recording)
+    counts = torch.tensor([5, 0, 9, 2])
+    x = torch.randn(16, 16)
+    results = []
+    for align in (None, 16):
+        experts = Experts(4, 16, 64, grouped_mm=True)
+        torch.manual_seed(0)
+        for layer in (experts.fc, experts.proj):
+            layer.align = align
+            for p in layer.parameters():
+                torch.nn.init.normal_(p, std=0.2)
+        xg = x.clone().requires_grad_()
+        y = experts(xg, counts)
+        y.backward(torch.ones_like(y))
+        results.append([y, xg.grad, experts.fc.weight.grad, experts.proj.weight.grad])
+    assert len(seen) == 4  # fc and proj, twice
+    assert [o.tolist() for o in seen[:2]] == [[5, 5, 14, 16]] * 2
+    for offs in seen[2:]:
+        sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+        assert (sizes % 16 == 0).all() and (sizes >= 16).all(), sizes.tolist()
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_gemms_of_forward_and_backward_are_in_layouts_cudas_kernel_does_not_check():
+    # GroupedLinear's docstring: torch's CUTLASS kernel (GroupMMCommon.cuh) checks group sizes
+    # only for a column-major 2-D left operand against a 3-D right one, or in a 2-D x 2-D
+    # product not (column-major, row-major). Log what autograd hands the op, forward and back.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def row_major(t):
+        return t.stride(-1) == 1
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._grouped_mm.default:
+                seen.append((args[0].dim(), row_major(args[0]), args[1].dim(),
+                             row_major(args[1])))
+            return func(*args, **(kwargs or {}))
+
     experts = Experts(4, 16, 64, grouped_mm=True)
     for p in experts.parameters():
         torch.nn.init.normal_(p, std=0.2)
-    counts = torch.tensor([5, 0, 9, 2])
-    experts(torch.randn(16, 16), counts).sum().backward()
-    assert len(seen) == 2  # fc and proj
-    for offs in seen:
-        sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-        assert (sizes % 8 == 0).all() and (sizes >= 8).all(), sizes.tolist()
+    x = torch.randn(16, 16, requires_grad=True)
+    with Log():
+        experts(x, torch.tensor([5, 0, 9, 2])).sum().backward()
+    assert len(seen) == 6  # 2 layers: forward, input gradient, weight gradient
+    for a_dim, a_row, b_dim, b_row in seen:
+        if b_dim == 3:
+            assert a_dim == 2 and a_row  # the rows (M, d) row-major: no check on M
+        else:
+            assert (a_dim, a_row, b_row) == (2, False, True)  # gradᵀ · x: empty groups allowed

@@ -2,7 +2,9 @@
 its inputs.
 
     plot_routing(experts, n_experts, ep)          which tokens go to which expert (and rank)
-    plot_expert_load(histories, layer=0)          heat maps: assignments per expert per step
+    plot_send_matrix(sent)                        heat map: rows rank s sent rank d (ep x ep)
+    plot_expert_load(histories, layer=0)          heat maps: each expert's load / the mean, per
+                                                  step; the busiest expert's, step by step
     plot_capacity_drops(factors, dropped, total)  assignments dropped against the capacity factor
 """
 
@@ -40,20 +42,52 @@ def plot_routing(experts, n_experts, ep):
     return fig
 
 
+def plot_send_matrix(sent, title="rows sent in the dispatch"):
+    """sent: (ep, ep) nested list, sent[s][d] = rows rank s sends rank d. A heat map with the
+    count in every cell; the diagonal (rows that stay on their rank) outlined."""
+    ep, top = len(sent), max(max(map(max, sent)), 1)
+    fig, ax = plt.subplots(figsize=(1.6 + 0.75 * ep, 1.2 + 0.65 * ep), dpi=DPI)
+    image = ax.imshow(sent, cmap="Blues", vmin=0, vmax=top)
+    for s_ in range(ep):
+        for d in range(ep):
+            ax.text(d, s_, str(sent[s_][d]), ha="center", va="center", fontsize=10,
+                    color="white" if sent[s_][d] > top / 2 else "black")
+        ax.add_patch(plt.Rectangle((s_ - 0.5, s_ - 0.5), 1, 1, fill=False, ec="black", lw=1.5))
+    ax.set_xticks(range(ep))
+    ax.set_yticks(range(ep))
+    ax.set_xlabel("to rank")
+    ax.set_ylabel("from rank")
+    ax.set_title(f"{title}\n(outlined: rows that stay)", fontsize=10)
+    fig.colorbar(image, ax=ax, label="rows")
+    fig.tight_layout()
+    return fig
+
+
 def plot_expert_load(histories, layer=0):
     """histories: {title: tensor (steps, MoE layers, E) of assignments each expert computed}
-    (`routing_history`'s "tokens"). One heat map per title for one MoE layer, shared colours."""
-    fig, axes = plt.subplots(1, len(histories), figsize=(4.6 * len(histories), 3.4), dpi=DPI,
-                             squeeze=False)
-    grids = {t: h[:, layer, :].T.float() for t, h in histories.items()}  # (E, steps)
-    top = max(g.max().item() for g in grids.values())
-    for ax, (title, grid) in zip(axes[0], grids.items()):
-        image = ax.imshow(grid.numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=top,
-                          origin="lower")
+    (`routing_history`'s "tokens"). Top: one heat map per title for one MoE layer, each
+    expert's load over its step's mean (1: even; red over, blue under, shared colours).
+    Bottom: the busiest expert's load over the mean, step by step, one line per title."""
+    n = len(histories)
+    fig = plt.figure(figsize=(4.2 * n, 5.6), dpi=DPI)
+    grid = fig.add_gridspec(2, n, height_ratios=(3, 2), hspace=0.4)
+    bottom = fig.add_subplot(grid[1, :])
+    for i, (title, history) in enumerate(histories.items()):
+        tokens = history[:, layer, :].float()  # (steps, E)
+        relative = tokens / tokens.mean(dim=1, keepdim=True)  # 1 = even
+        ax = fig.add_subplot(grid[0, i])
+        image = ax.imshow(relative.T.numpy(), aspect="auto", cmap="RdBu_r", vmin=0, vmax=2,
+                          origin="lower", interpolation="nearest")
         ax.set_xlabel("training step")
         ax.set_ylabel("expert")
         ax.set_title(title, fontsize=10)
-    fig.colorbar(image, ax=list(axes[0]), label="assignments computed")
+        bottom.plot(relative.max(dim=1).values.numpy(), label=title)
+    fig.colorbar(image, ax=fig.axes[1:], label="load / mean (1 = even)")
+    bottom.axhline(1.0, color="grey", lw=0.8, ls="--")
+    bottom.set_xlabel("training step")
+    bottom.set_ylabel("busiest expert / mean")
+    bottom.legend(fontsize=8)
+    bottom.grid(alpha=0.3)
     return fig
 
 

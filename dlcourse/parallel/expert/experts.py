@@ -16,7 +16,7 @@ r holds experts r·E/ep .. (r+1)·E/ep - 1 (blocks of E/ep, in rank order). One 
 import torch
 import torch.distributed as dist
 
-from dlcourse.moe import Experts
+from dlcourse.moe_experts import Experts
 from dlcourse.parallel.expert.comm import all_to_all, exchange_counts, torch_all_to_all
 
 ALL_TO_ALL = {"scratch": all_to_all, "torch": torch_all_to_all}  # name -> the dispatch function

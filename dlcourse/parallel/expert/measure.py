@@ -91,7 +91,8 @@ def all_to_all_formula(config, batch, ep, itemsize=4):
 
 def param_bytes(config, ep, itemsize=4):
     """{"experts": this rank's E/ep experts of every MoE block, "dense": everything else,
-    held whole}, in bytes. Per expert: the MLP's 2·h·f weights (+ f + h biases)."""
+    held whole (routers and shared experts included)}, in bytes. Per expert: the MLP's 2·h·f
+    weights (+ f + h biases); n shared experts: one MLP of width n·f."""
     V, T, h, L, f, E = (config.vocab_size, config.seq_len, config.hidden, config.n_layers,
                         config.ffn_hidden, config.n_experts)
     bias = config.bias
@@ -99,7 +100,9 @@ def param_bytes(config, ep, itemsize=4):
     expert = 2 * h * f + (f + h if bias else 0)
     dense_mlp = 2 * h * 4 * h + (4 * h + h if bias else 0)
     block = 4 * h * h + (3 * h + h if bias else 0) + 2 * (2 * h if bias else h)  # attn, 2 LN
-    dense = V * h + T * h + L * block + (L - n_moe) * dense_mlp + n_moe * E * h  # + routers
+    shared = config.n_shared_experts * 2 * h * f + (config.n_shared_experts * f + h
+                                                     if bias and config.n_shared_experts else 0)
+    dense = V * h + T * h + L * block + (L - n_moe) * dense_mlp + n_moe * (E * h + shared)
     dense += (2 * h if bias else h) + (0 if config.tie_embeddings else V * h)  # ln_f, lm_head
     return {"experts": n_moe * E * expert * itemsize // ep, "dense": dense * itemsize}
 

@@ -7,6 +7,9 @@
     average_gradients(ep_model, group)            # dense averaged, experts divided by ep
     full_parameters(ep_model, group)              # {name: whole tensor}, for the proofs
 
+With more data-parallel ranks than ep (`groups.py`): expert_parallel(model, ep_group,
+batch_group=dp_group), and average_gradients(model, ep_group, dp_group, edp_group).
+
 The usual layout: the EP group is the DP group. Every rank holds the dense weights whole (as in
 data parallelism) and E/ep experts, and routes its own tokens to every rank's experts.
 
@@ -58,21 +61,22 @@ def check_grouped_mm(config):
                              "loop (grouped_mm=False) or a width that is")
 
 
-def expert_parallel(model, group, all_to_all="scratch", grouped_mm=False):
-    """A copy of the `MoEGPT` holding this rank's E/ep experts of every MoE block and the dense
-    weights whole; its MoE blocks count routing over the whole group's batch."""
+def expert_parallel(model, group, all_to_all="scratch", grouped_mm=False, batch_group=None):
+    """A copy of the `MoEGPT` holding this rank's E/ep experts of every MoE block (`group`: the
+    EP group) and the dense weights whole; its MoE blocks count routing (capacity, load-balance
+    loss) over the batch of `batch_group`, the ranks that split one batch (default: `group`)."""
     check_ep(model.config, dist.get_world_size(group), all_to_all, grouped_mm)
     model = copy.deepcopy(model)
     for moe in model.moe_layers():
-        parallel_moe(moe, group, all_to_all, grouped_mm)
+        parallel_moe(moe, group, all_to_all, grouped_mm, batch_group)
     return model
 
 
-def parallel_moe(moe, group, all_to_all="scratch", grouped_mm=False):
-    """One `MoE` made expert-parallel in place: its experts cut to this rank's block, its
-    routing counted over the group's batch. Returns it."""
+def parallel_moe(moe, group, all_to_all="scratch", grouped_mm=False, batch_group=None):
+    """One `MoE` made expert-parallel in place: its experts cut to this rank's block of the EP
+    `group`, its routing counted over `batch_group`'s batch (default: `group`). Returns it."""
     moe.experts = ExpertParallelExperts(moe.experts, group, all_to_all, grouped_mm)
-    moe.batch_counts = GroupCounts(group)
+    moe.batch_counts = GroupCounts(batch_group or group)
     return moe
 
 
@@ -82,17 +86,22 @@ def expert_parameters(model):
             for p in m.parameters()]
 
 
-def average_gradients(model, group):
+def average_gradients(model, group, dp_group=None, edp_group=None):
     """After backward: the one-process gradient of the whole batch's mean loss (module
-    docstring). Dense: all-reduce then / ep; experts: / ep only."""
-    ep = dist.get_world_size(group)
+    docstring). Dense: all-reduce over the data-parallel ranks (`dp_group`, default the EP
+    `group`), / dp; experts: all-reduce over the expert-data-parallel group when there is one
+    (dp > ep: `groups.py`), / dp."""
+    dp_group = dp_group or group
+    dp = dist.get_world_size(dp_group)
     experts = {id(p) for p in expert_parameters(model)}
     for p in model.parameters():
         if p.grad is None:
             continue
         if id(p) not in experts:
-            dist.all_reduce(p.grad, group=group)
-        p.grad.div_(ep)
+            dist.all_reduce(p.grad, group=dp_group)
+        elif edp_group is not None:
+            dist.all_reduce(p.grad, group=edp_group)  # the other EP groups' share
+        p.grad.div_(dp)
 
 
 def full_parameters(model, group, grads=False):
