@@ -1,0 +1,253 @@
+"""The Chinese edition (dlcourse/i18n/): every English markdown cell of a translated notebook has
+a current translation, the built notebooks are what the build makes, their code cells and outputs
+are the English ones byte for byte, their links resolve, hints come in Chinese in a Chinese
+notebook, and the glossary's terms are the only ones used."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from dlcourse import cli, i18n
+from dlcourse.checks import hints
+from dlcourse.checks.core.stubs import not_written
+from dlcourse.i18n import build, catalog
+
+COURSE = Path(__file__).resolve().parent.parent
+TRANSLATED = catalog.translated_notebooks(COURSE)
+IDS = [f"{p.parent.name}/{p.stem}" for p in TRANSLATED]
+
+
+def test_the_translated_lessons_and_their_exercises_are_built():
+    names = {f"{p.parent.name}/{p.stem[:2]}" for p in TRANSLATED}
+    assert {f"{kind}/0{n}" for kind in catalog.KINDS for n in range(1)} <= names
+
+
+@pytest.mark.parametrize("notebook", TRANSLATED, ids=IDS)
+def test_every_markdown_cell_and_hint_has_a_current_translation(notebook):
+    missing = build.check(notebook, catalog.load(catalog.catalogue_path(notebook)))
+    assert not missing, (f"{notebook.relative_to(COURSE)}: no current translation for "
+                         + "; ".join(map(str, missing))
+                         + ". Run `dlcourse translate update`, translate, then "
+                           "`dlcourse translate build`")
+
+
+@pytest.mark.parametrize("notebook", TRANSLATED, ids=IDS)
+def test_the_built_notebook_is_what_the_build_makes(notebook):
+    target = build.output_path(notebook)
+    expected = build.translated_notebook(notebook)
+    assert target.is_file() and target.read_text(encoding="utf-8") == expected, (
+        f"{target.relative_to(COURSE)} differs from its build: run `dlcourse translate build`"
+        + _first_cell_differing(target, expected))
+
+
+def _first_cell_differing(target, expected):
+    if not target.is_file():
+        return " (it does not exist)"
+    built, wanted = json.loads(target.read_text(encoding="utf-8")), json.loads(expected)
+    for index, (a, b) in enumerate(zip(built["cells"], wanted["cells"])):
+        if a != b:
+            return f" (first difference: cell {index}, id {b.get('id')})"
+    return " (the number of cells or the notebook's metadata differs)"
+
+
+@pytest.mark.parametrize("notebook", TRANSLATED, ids=IDS)
+def test_code_cells_and_outputs_are_the_english_ones_byte_for_byte(notebook):
+    """Why lessons/zh/ is left out of nbval (pyproject's --ignore): this holds it to running
+    exactly what lessons/ runs."""
+    english = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    chinese = json.loads(build.output_path(notebook).read_text(encoding="utf-8"))["cells"]
+    assert [(c["id"], c["cell_type"]) for c in chinese] == [(c["id"], c["cell_type"])
+                                                           for c in english]
+    for en, zh in zip(english, chinese):
+        if en["cell_type"] == "code":
+            assert zh == en, f"{notebook.name}: code cell {en['id']} differs from the English"
+
+
+def _links(notebook):
+    nb = nbformat.read(str(notebook), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for link in re.findall(r"\]\(([^)\s]+)", cell.source):
+                if not re.match(r"^[a-z]+:|^#", link):
+                    yield cell.id, link.split("#")[0]
+
+
+@pytest.mark.parametrize("notebook", TRANSLATED, ids=IDS)
+def test_every_relative_link_resolves_from_the_zh_folder(notebook):
+    built = build.output_path(notebook)
+    broken = [(cid, link) for cid, link in _links(built) if not (built.parent / link).exists()]
+    assert not broken, f"{built.relative_to(COURSE)}: links that go nowhere: {broken}"
+
+
+def test_links_point_at_translations_where_they_exist_and_at_english_files_otherwise():
+    folder = COURSE / "lessons"
+    text = "[a](../exercises/00_launch.ipynb) [b](../dlcourse/launcher.py#L3) [c](https://x.org/y)"
+    assert build.rewrite_links(text, folder) == (
+        "[a](../../exercises/zh/00_launch.ipynb) [b](../../dlcourse/launcher.py#L3) "
+        "[c](https://x.org/y)")
+    untranslated = "[d](10_debugging.ipynb)"  # no catalogue: the English notebook
+    assert build.rewrite_links(untranslated, folder) == "[d](../10_debugging.ipynb)"
+
+
+# ---------------------------------------------------------------- the checks can fail
+
+
+@pytest.fixture
+def course_copy(tmp_path, monkeypatch):
+    """lessons/00_launch.ipynb, its catalogue and its build, copied: edit them freely."""
+    (tmp_path / "lessons" / "zh").mkdir(parents=True)
+    shutil.copy(COURSE / "lessons" / "00_launch.ipynb", tmp_path / "lessons")
+    shutil.copy(COURSE / "lessons" / "zh" / "00_launch.ipynb", tmp_path / "lessons" / "zh")
+    (tmp_path / "i18n" / "zh" / "lessons").mkdir(parents=True)
+    shutil.copy(catalog.catalogue_path(COURSE / "lessons" / "00_launch.ipynb"),
+                tmp_path / "i18n" / "zh" / "lessons")
+    monkeypatch.setattr(catalog, "FOLDER", tmp_path / "i18n")
+    return tmp_path / "lessons" / "00_launch.ipynb"
+
+
+def _edit_markdown(notebook, index, new_text):
+    nb = nbformat.read(str(notebook), as_version=4)
+    cell = [c for c in nb.cells if c.cell_type == "markdown"][index]
+    cell.source = new_text
+    nbformat.write(nb, str(notebook))
+    return cell.id
+
+
+def test_an_english_edit_makes_its_entry_stale_and_the_check_names_lesson_and_cell(course_copy):
+    cell_id = _edit_markdown(course_copy, 2, "Three things to read, now said differently.")
+    po = catalog.load(catalog.catalogue_path(course_copy))
+    missing = build.check(course_copy, po)
+    assert [str(m) for m in missing] == [
+        f"cell {cell_id}: the entry holds older English (run `dlcourse translate update`)"]
+    with pytest.raises(build.TranslationMissing, match=rf"00_launch.ipynb .*\n  cell {cell_id}"):
+        build.translated_notebook(course_copy)
+
+    [(path, counts)] = build.update([course_copy])  # msgmerge's way: old text kept, fuzzy
+    entry = catalog.load(path).find(f"cell {cell_id}", by="msgctxt")
+    assert counts == {"new": 0, "fuzzy": 1, "obsolete": 0} and "fuzzy" in entry.flags
+    assert entry.previous_msgid.startswith("Three things to read in that output")
+    assert [m.why.split(":")[0] for m in build.check(course_copy, catalog.load(path))] == ["fuzzy"]
+
+    entry.msgstr, entry.flags = "输出里有三点值得看，换个说法。", []  # the translator's fix
+    po = catalog.load(path)
+    po.find(f"cell {cell_id}", by="msgctxt").msgstr = entry.msgstr
+    po.find(f"cell {cell_id}", by="msgctxt").flags = []
+    po.save(str(path))
+    assert build.check(course_copy, catalog.load(path)) == []
+
+
+def test_a_new_cell_comes_in_untranslated_and_a_deleted_one_goes_obsolete(course_copy):
+    nb = nbformat.read(str(course_copy), as_version=4)
+    gone = nb.cells.pop(2).id if nb.cells[2].cell_type == "markdown" else None
+    nb.cells.append(nbformat.v4.new_markdown_cell("A new closing paragraph."))
+    nbformat.write(nb, str(course_copy))
+    [(path, counts)] = build.update([course_copy])
+    assert counts["new"] == 1 and counts["obsolete"] == (1 if gone else 0)
+    assert [m.why for m in build.check(course_copy, catalog.load(path))] == ["untranslated"]
+
+
+def test_the_drift_check_fails_on_a_hand_edited_build(course_copy, monkeypatch, capsys):
+    target = build.output_path(course_copy)
+    assert not build.build([course_copy], check_only=True)[0].changed
+    target.write_text(target.read_text(encoding="utf-8").replace("第 00 课", "第 0 课", 1),
+                      encoding="utf-8")
+    assert build.build([course_copy], check_only=True)[0].changed
+    monkeypatch.chdir(course_copy.parent.parent)
+    assert cli.main(["translate", "build", "--check", "lessons/00_launch.ipynb"]) == 1
+    assert "OUT OF DATE" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- hints in Chinese
+
+
+def test_hints_come_from_the_catalogue_in_a_chinese_notebook(monkeypatch, capsys):
+    monkeypatch.setattr(hints, "_SHOWN", {})
+    monkeypatch.setenv("DLCOURSE_LANG", "zh")
+    hints.hint("gather_all")
+    out = capsys.readouterr().out
+    assert out.startswith("gather_all，提示 2/3：dist.all_gather 填充你提供的列表")
+    monkeypatch.setenv("DLCOURSE_LANG", "en")
+    hints.hint("gather_all", level=2)
+    assert hints.HINTS["gather_all"][1] in capsys.readouterr().out
+
+
+def test_every_hint_level_of_a_translated_exercise_is_translated():
+    table = i18n.translated_hints()
+    for notebook in TRANSLATED:
+        for exercise, levels in i18n.hints_of(notebook).items():
+            untranslated = [n for n in range(1, len(levels) + 1) if (exercise, n) not in table]
+            assert not untranslated, f"{notebook.name}: {exercise} levels {untranslated}"
+
+
+def test_the_stubs_first_hint_is_shown_in_chinese_and_keeps_english_elsewhere(monkeypatch):
+    stub = "Hint: " + hints.HINTS["sum_to_rank0"][0]
+    monkeypatch.setenv("DLCOURSE_LANG", "zh")
+    assert not_written("sum_to_rank0", stub) == (
+        "sum_to_rank0 还没有写：把它的 `raise NotImplementedError` 这一行换成你的代码。"
+        "提示：只有 rank 0 需要这个和：哪个集合通信只把结果交给一个 rank？")
+    monkeypatch.setenv("DLCOURSE_LANG", "en")
+    assert not_written("sum_to_rank0", stub).endswith(stub)
+
+
+def test_the_language_follows_the_setting_then_the_notebooks_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv("DLCOURSE_LANG", raising=False)
+    (tmp_path / "zh").mkdir()
+    monkeypatch.chdir(tmp_path / "zh")
+    assert i18n.language() == "zh"
+    monkeypatch.chdir(tmp_path)
+    assert i18n.language() == "en"
+    monkeypatch.setenv("DLCOURSE_LANG", "zh_CN")
+    assert i18n.language() == "zh"
+    monkeypatch.setenv("DLCOURSE_LANG", "fr")
+    with pytest.raises(ValueError, match="DLCOURSE_LANG='fr': set it to one of en, zh"):
+        i18n.language()
+
+
+# ---------------------------------------------------------------- one term, one translation
+
+GLOSSARY = Path(catalog.FOLDER) / "zh" / "glossary.md"
+
+
+def forbidden_terms():
+    """{forbidden word: (English term, the Chinese to write)} from the glossary's table."""
+    rows = [line.split("|")[1:4] for line in GLOSSARY.read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ") and not line.startswith("| English")]
+    return {word.strip(): (en.strip(), zh.strip())
+            for en, zh, words in rows for word in words.split(",") if word.strip()}
+
+
+def glossary_breaches(text):
+    return [f"{word!r} (write {zh} for {en})" for word, (en, zh) in forbidden_terms().items()
+            if word in text]
+
+
+def chinese_texts():
+    """(where, text) of everything written in Chinese: catalogues and the README."""
+    for po_path in sorted((catalog.FOLDER / "zh").glob("*/*.po")):
+        for entry in catalog.load(po_path):
+            if entry.msgstr:
+                yield f"{po_path.name} {entry.msgctxt}", entry.msgstr
+    yield "README.zh-CN.md", (COURSE / "README.zh-CN.md").read_text(encoding="utf-8")
+
+
+def test_the_glossary_names_the_seed_terms():
+    table = GLOSSARY.read_text(encoding="utf-8")
+    for term in ["显存", "数据并行", "模型并行", "零冗余优化器", "广播", "规约", "参数", "梯度",
+                 "优化器状态", "张量并行", "流水线并行", "序列并行", "激活重计算", "梯度累积",
+                 "集合通信"]:
+        assert f"| {term}" in table, term
+
+
+def test_no_chinese_text_uses_a_term_the_glossary_rules_out():
+    breaches = [f"{where}: {b}" for where, text in chinese_texts() for b in glossary_breaches(text)]
+    assert not breaches, "\n".join(breaches)
+
+
+def test_the_glossary_check_can_fail():
+    assert glossary_breaches("用管道并行把各层分开，再做一次全规约") == [
+        "'管道并行' (write 流水线并行 for pipeline parallel(ism))",
+        "'全规约' (write 原文保留 (all-reduce) for all-reduce)"]
