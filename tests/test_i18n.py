@@ -251,3 +251,14 @@ def test_the_glossary_check_can_fail():
     assert glossary_breaches("用管道并行把各层分开，再做一次全规约") == [
         "'管道并行' (write 流水线并行 for pipeline parallel(ism))",
         "'全规约' (write 原文保留 (all-reduce) for all-reduce)"]
+
+
+def test_the_readmes_link_each_other_and_every_link_of_the_chinese_one_resolves():
+    english = (COURSE / "README.md").read_text(encoding="utf-8")
+    chinese = (COURSE / "README.zh-CN.md").read_text(encoding="utf-8")
+    assert "(README.zh-CN.md)" in english.split("\n## ")[0]  # at the top
+    broken = [link for link in re.findall(r"\]\(([^)\s]+)\)", chinese)
+              if not link.startswith("http") and not (COURSE / link.split("#")[0]).exists()]
+    assert not broken, f"README.zh-CN.md: links that go nowhere: {broken}"
+    for readme in (english, chinese):  # the CPU line names PyTorch's selector, not an index
+        assert not re.search(r"--(extra-)?index-url\s+https?://", readme)
