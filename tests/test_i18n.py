@@ -262,3 +262,36 @@ def test_the_readmes_link_each_other_and_every_link_of_the_chinese_one_resolves(
     assert not broken, f"README.zh-CN.md: links that go nowhere: {broken}"
     for readme in (english, chinese):  # the CPU line names PyTorch's selector, not an index
         assert not re.search(r"--(extra-)?index-url\s+https?://", readme)
+
+
+FENCE = re.compile(r"```.*?```", re.S)
+INLINE_CODE = re.compile(r"`(?:[^`\n]|\n(?!\n))+`")  # within one paragraph
+UNTOUCHED = {"inline code": INLINE_CODE, "link": re.compile(r"\]\(([^)\s]+)"),
+             "math": re.compile(r"\$[^$]+\$"), "code block": FENCE}
+
+
+def untouched_breaches(english, chinese):
+    """What a translation changed that it must carry over as it is: inline code, link targets,
+    $math$ and fenced blocks (whitespace inside inline code normalised: a line break there is
+    a space in markdown)."""
+    def spans(rx, text):
+        found = rx.findall(text if rx is FENCE else FENCE.sub("", text))
+        return {re.sub(r"\s+", " ", s) if rx is INLINE_CODE else s for s in found}
+
+    return [f"{kind} {sorted(spans(rx, english) ^ spans(rx, chinese))}"
+            for kind, rx in UNTOUCHED.items() if spans(rx, english) != spans(rx, chinese)]
+
+
+def test_code_identifiers_formulas_and_links_are_carried_over_untouched():
+    breaches = [f"{po_path.parent.name}/{po_path.name} {entry.msgctxt}: {b}"
+                for po_path in sorted((catalog.FOLDER / "zh").glob("*/*.po"))
+                for entry in catalog.load(po_path) if entry.msgstr and not entry.obsolete
+                for b in untouched_breaches(entry.msgid, entry.msgstr)]
+    assert not breaches, "\n".join(breaches)
+
+
+def test_the_untouched_check_can_fail():
+    english = "Call `dist.all_reduce(t)`: see [ring](../dlcourse/collectives/ring.py), $2(n-1)/n$."
+    chinese = "调用 `dist.all_reduce(x)`：见[环](../dlcourse/collectives/ring.py)，$2(n-1)/n$。"
+    assert untouched_breaches(english, chinese) == [
+        "inline code ['`dist.all_reduce(t)`', '`dist.all_reduce(x)`']"]
