@@ -5,6 +5,13 @@
 - `build.py`: `dlcourse translate build` writes `lessons/zh/` and `exercises/zh/`.
 - `zh/glossary.md`: one Chinese term per English one, and the alternatives not to write.
 
+After an English edit: `dlcourse translate update` (new cells come in untranslated, changed ones
+fuzzy with the old English beside them), translate those entries in the `.po` (Poedit, or any
+editor: fill `msgstr`, drop the `fuzzy` flag), then `dlcourse translate build`;
+`tests/test_i18n.py` names every lesson and cell still missing. A new notebook (lesson 07):
+`dlcourse translate update lessons/07_combining.ipynb exercises/07_combining.ipynb` creates its
+catalogues; once they are translated, `dlcourse translate build` builds it and relinks the others.
+
 The language of hints and "not written yet" messages: `DLCOURSE_LANG` (`zh` or `en`) when set,
 otherwise `zh` when the kernel runs in a `zh/` folder (Jupyter and nbval start a notebook's
 kernel in the notebook's folder), otherwise English.
