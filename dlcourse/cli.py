@@ -295,7 +295,8 @@ def _add_info(sub):
     sub.add_parser("info", help=info.__doc__).set_defaults(run=info)
 
 
-COMMANDS = [_add_info, _add_tour, _add_plan, _add_exercises, _add_translate, _add_grade]  # each adds one subcommand
+# each adds one subcommand
+COMMANDS = [_add_info, _add_tour, _add_plan, _add_exercises, _add_translate, _add_grade]
 
 
 def build_parser():

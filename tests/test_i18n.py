@@ -212,12 +212,29 @@ def test_the_language_follows_the_setting_then_the_notebooks_folder(monkeypatch,
 GLOSSARY = Path(catalog.FOLDER) / "zh" / "glossary.md"
 
 
+def glossary_rows():
+    """(English, Chinese, [forbidden words], used everywhere) of every row of the table."""
+    rows = [[cell.strip() for cell in line.split("|")[1:5]]
+            for line in GLOSSARY.read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ") and not line.startswith("| English")]
+    return [(en, zh, [w.strip() for w in words.split(",") if w.strip()], always == "yes")
+            for en, zh, words, always in rows]
+
+
 def forbidden_terms():
     """{forbidden word: (English term, the Chinese to write)} from the glossary's table."""
-    rows = [line.split("|")[1:4] for line in GLOSSARY.read_text(encoding="utf-8").splitlines()
-            if line.startswith("| ") and not line.startswith("| English")]
-    return {word.strip(): (en.strip(), zh.strip())
-            for en, zh, words in rows for word in words.split(",") if word.strip()}
+    return {word: (en, zh) for en, zh, words, _ in glossary_rows() for word in words}
+
+
+def missing_terms(english, chinese):
+    """The glossary's always-used terms that `english` has and `chinese` lacks."""
+    missing = []
+    for en, zh, _, always in glossary_rows():
+        key = en.split("(")[0].strip()
+        stem = key[:-1] if key.endswith("s") else key  # "gradients" also matches "gradient"
+        if always and re.search(re.escape(stem), english, re.I) and zh not in chinese:
+            missing.append(f"{key} -> {zh}")
+    return missing
 
 
 def glossary_breaches(text):
@@ -247,7 +264,23 @@ def test_no_chinese_text_uses_a_term_the_glossary_rules_out():
     assert not breaches, "\n".join(breaches)
 
 
+def test_the_always_used_terms_are_used_wherever_the_english_has_them():
+    breaches = [f"{where}: {m}" for where, english, chinese in _entries()
+                for m in missing_terms(english, chinese)]
+    assert not breaches, "\n".join(breaches)
+
+
+def _entries():
+    for po_path in sorted((catalog.FOLDER / "zh").glob("*/*.po")):
+        for entry in catalog.load(po_path):
+            if entry.msgstr and not entry.obsolete:
+                where = f"{po_path.parent.name}/{po_path.name} {entry.msgctxt}"
+                yield where, entry.msgid, entry.msgstr
+
+
 def test_the_glossary_check_can_fail():
+    assert missing_terms("Average the gradients over data parallel ranks.",
+                         "在数据平行的各 rank 之间平均梯度。") == ["data parallel -> 数据并行"]
     assert glossary_breaches("用管道并行把各层分开，再做一次全规约") == [
         "'管道并行' (write 流水线并行 for pipeline parallel(ism))",
         "'全规约' (write 原文保留 (all-reduce) for all-reduce)"]
