@@ -147,6 +147,7 @@ def exercises(args):
 def translate(args):
     """Update the catalogues from the English notebooks, or build lessons/zh/ and exercises/zh/
     from them (`--check`: write nothing, exit 1 when a built notebook differs)."""
+    import os
     from pathlib import Path
 
     from dlcourse.i18n import build, catalog
@@ -160,6 +161,7 @@ def translate(args):
     try:
         if args.action == "update":
             for path, counts in build.update(notebooks, args.lang):
+                path = os.path.relpath(path)  # as the user would type it
                 print(f"{path}: {counts['new']} new, {counts['fuzzy']} fuzzy, "
                       f"{counts['obsolete']} obsolete")
             return 0

@@ -6,6 +6,7 @@ notebook, and the glossary's terms are the only ones used."""
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import nbformat
@@ -328,3 +329,15 @@ def test_the_untouched_check_can_fail():
     chinese = "调用 `dist.all_reduce(x)`：见[环](../dlcourse/collectives/ring.py)，$2(n-1)/n$。"
     assert untouched_breaches(english, chinese) == [
         "inline code ['`dist.all_reduce(t)`', '`dist.all_reduce(x)`']"]
+
+
+def test_dlcourse_grade_runs_a_chinese_notebook_in_chinese(monkeypatch):
+    from dlcourse.grading import nbrun
+
+    monkeypatch.delenv("DLCOURSE_LANG", raising=False)
+    assert nbrun.edition_of(COURSE / "exercises" / "zh" / "00_launch.ipynb") == "zh"
+    assert nbrun.edition_of(COURSE / "exercises" / "00_launch.ipynb") is None
+    said = "import os; print(os.environ.get('DLCOURSE_LANG'))"
+    assert nbrun._run_with_limit([sys.executable, "-c", said], 30, language="zh")[1].strip() == "zh"
+    monkeypatch.setenv("DLCOURSE_LANG", "en")  # the grader's own setting wins
+    assert nbrun.edition_of(COURSE / "exercises" / "zh" / "00_launch.ipynb") is None
