@@ -341,3 +341,17 @@ def test_dlcourse_grade_runs_a_chinese_notebook_in_chinese(monkeypatch):
     assert nbrun._run_with_limit([sys.executable, "-c", said], 30, language="zh")[1].strip() == "zh"
     monkeypatch.setenv("DLCOURSE_LANG", "en")  # the grader's own setting wins
     assert nbrun.edition_of(COURSE / "exercises" / "zh" / "00_launch.ipynb") is None
+
+
+def test_a_launch_that_reaches_a_stub_gives_its_hint_in_chinese(monkeypatch):
+    from dlcourse.errors import RAISED, RankOutcome
+
+    stub = "Hint: " + hints.HINTS["gather_all"][0]
+    outcome = RankOutcome(rank=1, state=RAISED, exception="NotImplementedError", message=stub)
+    monkeypatch.setenv("DLCOURSE_LANG", "zh")
+    assert outcome.summary == ("raised NotImplementedError: 提示：一个集合通信就能完成：每个 rank "
+                               "发出自己的 x，并收到所有人的 x")
+    other = RankOutcome(rank=1, state=RAISED, exception="NotImplementedError", message="Hint: x")
+    assert other.summary == "raised NotImplementedError: Hint: x"  # not a known stub: unchanged
+    monkeypatch.setenv("DLCOURSE_LANG", "en")
+    assert outcome.summary == f"raised NotImplementedError: {stub}"

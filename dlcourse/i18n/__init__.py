@@ -75,3 +75,16 @@ def hint_text(exercise, level, english):
     if language() != "zh":
         return english
     return translated_hints("zh").get((exercise, level), english)
+
+
+def stub_message(message):
+    """A stub's "Hint: <level 1 of an exercise>" in the current language: in Chinese
+    "提示：<its translation>" when the hint is known and translated; anything else unchanged."""
+    if language() != "zh" or not message.startswith("Hint:"):
+        return message
+    from dlcourse.checks.hints import HINTS
+
+    english = message[len("Hint:"):].strip()
+    exercise = next((name for name, levels in HINTS.items() if levels[0] == english), None)
+    chinese = translated_hints("zh").get((exercise, 1)) if exercise else None
+    return f"提示：{chinese}" if chinese else message
