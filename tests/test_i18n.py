@@ -355,3 +355,33 @@ def test_a_launch_that_reaches_a_stub_gives_its_hint_in_chinese(monkeypatch):
     assert other.summary == "raised NotImplementedError: Hint: x"  # not a known stub: unchanged
     monkeypatch.setenv("DLCOURSE_LANG", "en")
     assert outcome.summary == f"raised NotImplementedError: {stub}"
+
+
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:e-?\d+)?")
+# Said in words one way and in digits the other, so left out of the comparison: "7 billion" is
+# 70 亿 in Chinese, "a gigabyte" 1 GB.
+CONVERTED = {"en": re.compile(r"\d+(?:\.\d+)?(?=[- ](?:billion|million))"),
+             "zh": re.compile(r"\d+(?:\.\d+)?(?= ?[亿万])|(?<![\d.])1(?= [GM]B)")}
+
+
+def number_breaches(english, chinese):
+    """The numbers of one text missing from the other (fenced blocks aside)."""
+    def numbers(text, lang):
+        text = CONVERTED[lang].sub("", FENCE.sub("", text))
+        return set(NUMBER.findall(text))
+
+    en, zh = numbers(english, "en"), numbers(chinese, "zh")
+    return [f"{side} {sorted(found)}" for side, found in
+            [("missing", en - zh), ("added", zh - en)] if found]
+
+
+def test_every_number_is_carried_over():
+    breaches = [f"{where}: {b}" for where, english, chinese in _entries()
+                for b in number_breaches(english, chinese)]
+    assert not breaches, "\n".join(breaches)
+
+
+def test_the_number_check_can_fail():
+    assert number_breaches("4 ranks send 6,291,456 bytes, 7 billion parameters",
+                           "4 个 rank 发送 6,219,456 字节，70 亿参数") == [
+        "missing ['6,291,456']", "added ['6,219,456']"]
