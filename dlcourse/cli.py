@@ -156,6 +156,40 @@ def exercises(args):
     return 0
 
 
+def translate(args):
+    """Update the catalogues from the English notebooks, or build lessons/zh/ and exercises/zh/
+    from them (`--check`: write nothing, exit 1 when a built notebook differs)."""
+    import os
+    from pathlib import Path
+
+    from dlcourse.i18n import build, catalog
+
+    name = f"dlcourse translate {args.action}"
+    notebooks = [Path(p) for p in args.notebooks] or catalog.translated_notebooks(".", args.lang)
+    if not notebooks:
+        print(f"{name}: no catalogue in dlcourse/i18n/{args.lang}/; name the English notebooks "
+              "to translate (e.g. lessons/07_combining.ipynb)", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "update":
+            for path, counts in build.update(notebooks, args.lang):
+                path = os.path.relpath(path)  # as the user would type it
+                print(f"{path}: {counts['new']} new, {counts['fuzzy']} fuzzy, "
+                      f"{counts['obsolete']} obsolete")
+            return 0
+        built = build.build(notebooks, args.lang, check_only=args.check)
+    except (OSError, ValueError) as error:
+        print(f"{name}: {error}", file=sys.stderr)
+        return 2 if not isinstance(error, build.TranslationMissing) else 1
+    for b in built:
+        state = ("OUT OF DATE" if args.check else "written") if b.changed else "up to date"
+        print(f"{b.translated}: {state} (from {b.english})")
+    if args.check and any(b.changed for b in built):
+        print("run `dlcourse translate build` to rebuild them", file=sys.stderr)
+        return 1
+    return 0
+
+
 def grade(args):
     """Grade notebooks (or folders of them) with nbval: a table each, optionally a CSV. Exit 0:
     full points everywhere; 1: points lost; 2: bad arguments; 3: stopped, as this machine cannot
@@ -206,6 +240,23 @@ def _add_exercises(sub):
     b.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if an exercise notebook differs from its build")
     b.set_defaults(run=exercises)
+
+
+def _add_translate(sub):
+    p = sub.add_parser("translate", help="the Chinese edition: update catalogues, build notebooks")
+    actions = p.add_subparsers(dest="action", required=True)
+    for action, text in [("update", "bring each notebook's .po catalogue in step with the "
+                          "English (new cells untranslated, changed ones fuzzy)"),
+                         ("build", "write lessons/zh/ and exercises/zh/ from the English "
+                          "notebooks and their catalogues")]:
+        a = actions.add_parser(action, help=text)
+        a.add_argument("notebooks", nargs="*",
+                       help="English notebooks (default: every one with a catalogue)")
+        a.add_argument("--lang", default="zh", choices=["zh"], help="the edition (zh)")
+        if action == "build":
+            a.add_argument("--check", action="store_true",
+                           help="write nothing; exit 1 if a built notebook differs")
+        a.set_defaults(run=translate, check=False)
 
 
 def _add_grade(sub):
@@ -263,7 +314,8 @@ def _add_lessons(sub):
 
 
 # each adds one subcommand
-COMMANDS = [_add_info, _add_lessons, _add_tour, _add_plan, _add_exercises, _add_grade]
+COMMANDS = [_add_info, _add_lessons, _add_tour, _add_plan, _add_exercises, _add_translate,
+            _add_grade]
 
 
 def build_parser():

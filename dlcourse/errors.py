@@ -6,6 +6,8 @@ import re
 import signal
 from dataclasses import dataclass
 
+from dlcourse import i18n
+
 # What a rank did; `RankOutcome.state` is one of these.
 RETURNED = "returned"  # its function returned a value
 RAISED = "raised"  # its function raised (the exception's type, message and traceback are kept)
@@ -44,7 +46,10 @@ class RankOutcome:
         """What the rank did, as a clause: 'raised ValueError: bad shape', 'was killed by
         SIGSEGV (a crash in native code)', 'exited with code 7 before returning a result'."""
         if self.state == RAISED:
-            return f"raised {self.exception}" + (f": {self.message}" if self.message else "")
+            message = self.message
+            if self.exception == "NotImplementedError":  # an exercise's stub: its hint localised
+                message = i18n.stub_message(message)
+            return f"raised {self.exception}" + (f": {message}" if message else "")
         if self.state == SIGNALLED:
             native = " (a crash in native code)" if self.signal == "SIGSEGV" else ""
             reason = native_reason(self.last_output)

@@ -7,6 +7,10 @@ import cloudpickle
 import pytest
 import torch
 
+# The tests read the English messages; a student's DLCOURSE_LANG=zh (dlcourse/i18n/) must not
+# turn them Chinese. tests/test_i18n.py sets it where it tests the Chinese ones.
+os.environ.pop("DLCOURSE_LANG", None)
+
 
 @pytest.fixture(autouse=True)
 def _send_test_functions_by_value(request):

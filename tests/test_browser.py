@@ -186,3 +186,18 @@ def test_an_exercise_notebook_shows_its_check_all_table(open_notebook):
     table = outputs_text(state["cells"][last])
     assert re.search(r"exercise\s+points\s+result", table), table
     assert "gather_all" in table and "sum_to_rank0" in table and "not written yet" in table
+
+
+@pytest.mark.slow
+def test_a_chinese_lesson_runs_all_and_its_exercise_answers_in_chinese(open_notebook):
+    """lessons/zh/ runs from its own folder (links and paths rewritten by `dlcourse translate
+    build`); a kernel started in exercises/zh/ gives the stub's first hint in Chinese."""
+    notebook = open_notebook("lessons/zh/00_launch.ipynb")
+    state = notebook.run_all(timeout=RUN_ALL_S)
+    assert errors(state) == [], f"zh 00_launch shows an error: {errors(state)[0][1][-1500:]}"
+    assert [c["count"] for c in state["cells"]] == list(range(1, len(state["cells"]) + 1))
+
+    exercise = open_notebook("exercises/zh/00_launch.ipynb")
+    state = exercise.run_all(timeout=RUN_ALL_S)
+    [(cell, traceback)] = errors(state)  # Run All stops at the first grader, as in English
+    assert "gather_all 还没有写" in traceback and "提示：一个集合通信就能完成" in traceback, traceback

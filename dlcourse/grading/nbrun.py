@@ -48,7 +48,8 @@ def run_cells(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_TIMEO
             "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={cell_timeout:g}",
             str(path),
         ]
-        run = Run(tmp, path.parent, original.parent if sandbox else None)
+        run = Run(tmp, path.parent, original.parent if sandbox else None,
+                  language=edition_of(original))
         returncode, output = run(command, notebook_timeout)
         cells = _read_results(results)
         if after is not None:
@@ -76,20 +77,30 @@ class Run:
     when `hide` (the submissions' folder) is given and bubblewrap works; `notebook_folder` is
     where the notebook's copy and its kernel's files are."""
 
-    def __init__(self, folder, notebook_folder, hide):
+    def __init__(self, folder, notebook_folder, hide, language=None):
         self.folder, self.notebook_folder, self.hide = folder, notebook_folder, hide
+        self.language = language  # DLCOURSE_LANG for the kernel and the verdicts, if set
 
     def __call__(self, command, seconds, stdin=None):
         """(exit code, output) of `command`, or (None, output) past `seconds`."""
         if self.hide is not None and isolation() == BUBBLEWRAP:
             command = in_bubblewrap(command, self.folder, hide=self.hide)
-        return _run_with_limit(command, seconds, stdin)
+        return _run_with_limit(command, seconds, stdin, self.language)
 
 
-def _run_with_limit(command, seconds, stdin=None):
+def edition_of(notebook):
+    """"zh" for a notebook of lessons/zh/ or exercises/zh/ when DLCOURSE_LANG is not set: its
+    hints and "not written yet" lines are graded in Chinese, as they run (dlcourse/i18n/)."""
+    chinese = Path(notebook).parent.name == "zh" and "DLCOURSE_LANG" not in os.environ
+    return "zh" if chinese else None
+
+
+def _run_with_limit(command, seconds, stdin=None, language=None):
     """Run `command` (`stdin` text on its standard input); return (exit code, output), or
     (None, output) if it ran past `seconds`."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    if language:
+        env["DLCOURSE_LANG"] = language
     # Only the plugins named on the command line: the others cost a second per notebook.
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     try:

@@ -228,8 +228,7 @@ def _call(fn, args, exercise, where, guard, hint, answer=None):
             raise CheckFailed(str(error)) from None
         if error.args and not str(error).startswith("Hint:"):  # torch's own: the student's bug
             raise CheckFailed(f"{where}: raised NotImplementedError: {error}") from error
-        raise CheckFailed(f"{exercise} is not written yet: replace its `raise "
-                          f"NotImplementedError` line with your code. {error}".rstrip()) from None
+        raise CheckFailed(not_written(exercise, str(error))) from None
     except Exception as error:  # the student's bug: show it, and their traceback under it
         raise CheckFailed(f"{where}: raised {type(error).__name__}: {error}"
                           + (f"\nHint: {hint}" if hint else "")) from error

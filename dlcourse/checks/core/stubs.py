@@ -6,6 +6,8 @@ unwritten (lesson 10's name_the_bug calls first_divergence) names that one."""
 import dis
 import types
 
+from dlcourse import i18n
+
 # What `def f(...): """doc"""; raise NotImplementedError("Hint: ...")` compiles to (3.10-3.13).
 _STUB_OPS = {"RESUME", "NOP", "CACHE", "LOAD_GLOBAL", "LOAD_CONST", "PUSH_NULL", "PRECALL", "CALL",
              "CALL_FUNCTION", "RAISE_VARARGS", "COPY_FREE_VARS", "MAKE_CELL"}
@@ -56,6 +58,18 @@ class NotWritten(NotImplementedError):
 
 
 def not_written(exercise, message, caller=None):
+    if i18n.language() == "zh":
+        return _not_written_zh(exercise, message, caller)
     called = f" ({caller} calls it)" if caller and caller != exercise else ""
     return (f"{exercise} is not written yet{called}: replace its `raise NotImplementedError` "
             f"line with your code. {message}").rstrip()
+
+
+def _not_written_zh(exercise, message, caller):
+    """`not_written` in Chinese: the stub's "Hint: ..." is hint level 1, taken from the
+    exercise's catalogue when it has a current translation."""
+    called = f"（{caller} 调用了它）" if caller and caller != exercise else ""
+    hint = message[len("Hint:"):].strip() if message.startswith("Hint:") else ""
+    hint = i18n.hint_text(exercise, 1, hint) if hint else ""
+    return (f"{exercise} 还没有写{called}：把它的 `raise NotImplementedError` 这一行换成你的代码。"
+            + (f"提示：{hint}" if hint else ""))

@@ -1,0 +1,90 @@
+"""The Chinese edition (lessons and exercises 00-06 so far): catalogues, build, language.
+
+- `catalog.py`: one gettext `.po` catalogue per notebook, `zh/lessons/NN_topic.po` and
+  `zh/exercises/NN_topic.po`, keyed by the English markdown cells and hint levels.
+- `build.py`: `dlcourse translate build` writes `lessons/zh/` and `exercises/zh/`.
+- `zh/glossary.md`: one Chinese term per English one, and the alternatives not to write.
+
+After an English edit: `dlcourse translate update` (new cells come in untranslated, changed ones
+fuzzy with the old English beside them), translate those entries in the `.po` (Poedit, or any
+editor: fill `msgstr`, drop the `fuzzy` flag), then `dlcourse translate build`;
+`tests/test_i18n.py` names every lesson and cell still missing. A new notebook (lesson 07):
+`dlcourse translate update lessons/07_combining.ipynb exercises/07_combining.ipynb` creates its
+catalogues; once they are translated, `dlcourse translate build` builds it and relinks the others.
+
+The language of hints and "not written yet" messages: `DLCOURSE_LANG` (`zh` or `en`) when set,
+otherwise `zh` when the kernel runs in a `zh/` folder (Jupyter and nbval start a notebook's
+kernel in the notebook's folder), otherwise English.
+"""
+
+import functools
+import os
+from pathlib import Path
+
+LANGS = ("en", "zh")
+
+
+def language():
+    """`en` or `zh`, as the module docstring says."""
+    chosen = os.environ.get("DLCOURSE_LANG", "").strip().lower().split("_")[0].split("-")[0]
+    if chosen:
+        if chosen not in LANGS:
+            raise ValueError(f"DLCOURSE_LANG={os.environ['DLCOURSE_LANG']!r}: set it to one of "
+                             f"{', '.join(LANGS)} (or unset it)")
+        return chosen
+    return "zh" if Path.cwd().name == "zh" else "en"
+
+
+def hints_of(notebook):
+    """{exercise: English hint levels} for the exercises graded in `notebook` (none for a
+    lesson)."""
+    import nbformat
+
+    from dlcourse.checks.hints import HINTS
+    from dlcourse.grading.notebooks import grader_cells
+
+    if Path(notebook).parent.name != "exercises":
+        return {}
+    nb = nbformat.read(str(notebook), as_version=4)
+    return {g.exercise: HINTS[g.exercise] for g in grader_cells(nb) if g.exercise in HINTS}
+
+
+@functools.lru_cache(maxsize=None)
+def translated_hints(lang="zh"):
+    """{(exercise, level): text} from every exercise catalogue of `lang`: only entries that are
+    translated, not fuzzy, and whose English is today's (an English edit falls back to it)."""
+    from dlcourse.checks.hints import HINTS
+    from dlcourse.i18n import catalog
+
+    table = {}
+    for po_path in sorted((catalog.FOLDER / lang / "exercises").glob("*.po")):
+        for entry in catalog.load(po_path):
+            parts = (entry.msgctxt or "").split()
+            if len(parts) != 3 or parts[0] != "hint" or entry.obsolete:
+                continue
+            exercise, level = parts[1], int(parts[2])
+            levels = HINTS.get(exercise, ())
+            current = level <= len(levels) and entry.msgid == levels[level - 1]
+            if current and entry.msgstr.strip() and "fuzzy" not in entry.flags:
+                table[exercise, level] = entry.msgstr
+    return table
+
+
+def hint_text(exercise, level, english):
+    """The hint in the current language, or `english` when it has no current translation."""
+    if language() != "zh":
+        return english
+    return translated_hints("zh").get((exercise, level), english)
+
+
+def stub_message(message):
+    """A stub's "Hint: <level 1 of an exercise>" in the current language: in Chinese
+    "提示：<its translation>" when the hint is known and translated; anything else unchanged."""
+    if language() != "zh" or not message.startswith("Hint:"):
+        return message
+    from dlcourse.checks.hints import HINTS
+
+    english = message[len("Hint:"):].strip()
+    exercise = next((name for name, levels in HINTS.items() if levels[0] == english), None)
+    chinese = translated_hints("zh").get((exercise, 1)) if exercise else None
+    return f"提示：{chinese}" if chinese else message
