@@ -20,6 +20,9 @@ torch's own analyser of these dumps (`torch.distributed.flight_recorder`) are re
 
 import copy
 import datetime
+import functools
+import importlib
+import logging
 import numbers
 import pickle
 
@@ -82,6 +85,14 @@ def _kept(dump, group):
     return dump
 
 
+@functools.lru_cache(maxsize=2)  # `seed=` replays a check's run without running the job again
+def recorded(cases, timeout=120):
+    """[per rank: [per case: dump]] of `hung_dumps(cases)` on WORLD_SIZE gloo ranks: one launch
+    (~3 s a case, most of it the 2 s the others wait)."""
+    return dlcourse.launch(hung_dumps, list(cases), world_size=WORLD_SIZE, backend="gloo",
+                           timeout=timeout)
+
+
 def draw_cases(rng, calls_per_step):
     """[(odd rank, calls it makes before it stops)]: rank 0 once, another rank once, a third
     case either; one of them stops before the group's first call or at a step's end."""
@@ -102,10 +113,10 @@ def check_waited_call(waited_call, *, rng):
     expect_callable(waited_call, "waited_call")
     if stub_message(waited_call) is not None:  # a stub can only raise: say so, no run
         raise CheckFailed(not_written("waited_call", stub_message(waited_call)))
+    _import_quietly("torch.distributed.flight_recorder.fr_trace")  # refused below, loaded here
     n_grads = len(list(DebugConfig().new_model().parameters()))
     cases = draw_cases(rng, n_grads)
-    per_rank = dlcourse.launch(hung_dumps, cases, world_size=WORLD_SIZE, backend="gloo",
-                               timeout=120)
+    per_rank = recorded(tuple(cases))
     for i, (odd, stop) in enumerate(cases):
         dumps = {r: per_rank[r][i] for r in range(WORLD_SIZE)}
         want = waited_on(copy.deepcopy(dumps))
@@ -119,6 +130,15 @@ def check_waited_call(waited_call, *, rng):
     print(f"waited_call: passed on {len(cases)} hangs of a real {WORLD_SIZE}-rank job (a rank "
           "whose data ran out, rank 0 in one; two process groups in every dump): each rank "
           "waited on and each call named")
+
+
+def _import_quietly(module):
+    """Import `module` without its warning that the optional `tabulate` is missing."""
+    logging.disable(logging.WARNING)
+    try:
+        importlib.import_module(module)
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def _read(got):
@@ -155,7 +175,7 @@ def _call_hint(call, want, rank, dumps):
     if call == want - 1:
         return (f"call {call} is rank {rank}'s last call, which it made: the others wait in the "
                 "next one, which it never made")
-    ids = {e["record_id"] for e in dumps[rank]["entries"]}
+    ids = {e["record_id"] for d in dumps.values() for e in d["entries"]}
     if call in ids or call + 1 in ids:
         return ("record_id counts every entry of every group from 0: the call's number in its "
                 "group is collective_seq_id")
