@@ -1,6 +1,7 @@
 """Checks for lesson 10's exercises (`exercises/10_debugging.ipynb`): the two finders of
 `dlcourse/debug/` by hand, on real runs; the fix of one bug they find; a bug drawn at random
-named from its run; and the fix of another.
+named from its run; the fix of another; and the flight recorder's dumps of a hung job read by
+hand.
 
     check_first_divergence(first_divergence)   the first tensor where a rank's run parts from one
                                                process, rounding not counted
