@@ -114,22 +114,29 @@ def check_waited_call(waited_call, *, rng):
     if stub_message(waited_call) is not None:  # a stub can only raise: say so, no run
         raise CheckFailed(not_written("waited_call", stub_message(waited_call)))
     _import_quietly("torch.distributed.flight_recorder.fr_trace")  # refused below, loaded here
-    n_grads = len(list(DebugConfig().new_model().parameters()))
-    cases = draw_cases(rng, n_grads)
-    per_rank = recorded(tuple(cases))
-    for i, (odd, stop) in enumerate(cases):
-        dumps = {r: per_rank[r][i] for r in range(WORLD_SIZE)}
-        want = waited_on(copy.deepcopy(dumps))
-        if want != (odd, stop + 1):  # the dumps must show what the job did
-            raise RuntimeError(f"the recorded dumps show {want}, the job made {(odd, stop + 1)}")
+    for dumps in _hangs(rng):  # the draw is not kept where the student's code could read it
         where = (f"waited_call on {WORLD_SIZE} ranks' flight-recorder dumps (up to "
                  f"{max(len(d['entries']) for d in dumps.values())} entries each)")
         got = call_in_process(waited_call, (copy.deepcopy(dumps),), exercise="waited_call",
                               where=where, guard=FLIGHT_ANSWERS.in_process, hint=HINT)
-        _expect(got, want, dumps, where)
-    print(f"waited_call: passed on {len(cases)} hangs of a real {WORLD_SIZE}-rank job (a rank "
+        _expect(got, waited_on(copy.deepcopy(dumps)), dumps, where)  # found after it returned
+    print(f"waited_call: passed on 3 hangs of a real {WORLD_SIZE}-rank job (a rank "
           "whose data ran out, rank 0 in one; two process groups in every dump): each rank "
           "waited on and each call named")
+
+
+def _hangs(rng):
+    """[{rank: dump} per case] of a job drawn from `rng`, each checked against what the job did."""
+    cases = draw_cases(rng, len(list(DebugConfig().new_model().parameters())))
+    per_rank = recorded(tuple(cases))
+    hangs = []
+    for i, (odd, stop) in enumerate(cases):
+        dumps = {r: per_rank[r][i] for r in range(WORLD_SIZE)}
+        if waited_on(copy.deepcopy(dumps)) != (odd, stop + 1):  # the dumps show what was done
+            raise RuntimeError(f"case {i}: the recorded dumps do not show rank {odd} stopping "
+                               f"before call {stop + 1}")
+        hangs.append(dumps)
+    return hangs
 
 
 def _import_quietly(module):
