@@ -1,8 +1,9 @@
 """Lesson 10, exercise 2 (`dlcourse/checks/debugging/hang.py`): from the per-rank collective
 traces of a real 4-rank job broken on one rank, the rank and the call the others wait for. Another
 way of lining the ranks up (pairwise against the majority, a dict or numpy numbers as the answer)
-passes; taking rank 0 as the model, comparing the traces' lengths or ops only, counting from 1 and
-naming the others' call instead of the odd rank's fail with the hint that names the mistake; the
+passes; taking rank 0 as the model, comparing the traces' lengths or ops only, counting from 0
+(a list's index, where the course counts calls from 1 as torch's flight recorder does) and naming
+the others' call instead of the odd rank's fail with the hint that names the mistake; the
 lesson's hang finder is refused. The job's traces are recorded once per process (`runs.py`)."""
 
 from collections import Counter
@@ -26,7 +27,7 @@ def mismatched_call(traces):
         kinds = Counter(made.values())
         if len(kinds) > 1:
             rank = next(r for r, k in made.items() if kinds[k] == 1)
-            return (rank, index) + (made[rank] or (None, None))
+            return (rank, index + 1) + (made[rank] or (None, None))
     return None
 
 
@@ -39,7 +40,7 @@ def pairwise_as_a_dict(traces):  # each rank against the others, numpy numbers, 
         mine = _call(traces[rank], index)
         if all(_call(traces[other], index) != mine for other in ranks if other != rank):
             op, nbytes = mine or (None, None)
-            return {"rank": np.int64(rank), "index": np.int64(index), "op": op,
+            return {"rank": np.int64(rank), "call": np.int64(index + 1), "op": op,
                     "nbytes": None if nbytes is None else np.int64(nbytes)}
 
 
@@ -47,14 +48,14 @@ def rank_zero_as_the_model(traces):
     for index in range(max(len(calls) for calls in traces.values())):
         for rank in sorted(traces)[1:]:
             if _call(traces[rank], index) != _call(traces[0], index):
-                return (rank, index) + (_call(traces[rank], index) or (None, None))
+                return (rank, index + 1) + (_call(traces[rank], index) or (None, None))
 
 
 def lengths_only(traces):
     lengths = Counter(len(calls) for calls in traces.values())
     rank = next((r for r, c in traces.items() if lengths[len(c)] == 1), 0)
     index = min(lengths)
-    return (rank, index) + (_call(traces[rank], index) or (None, None))
+    return (rank, index + 1) + (_call(traces[rank], index) or (None, None))
 
 
 def ops_only(traces):
@@ -63,18 +64,18 @@ def ops_only(traces):
         kinds = Counter(made.values())
         if len(kinds) > 1:
             rank = next(r for r, k in made.items() if kinds[k] == 1)
-            return (rank, index) + (_call(traces[rank], index) or (None, None))
+            return (rank, index + 1) + (_call(traces[rank], index) or (None, None))
 
 
-def counted_from_one(traces):
-    rank, index, op, nbytes = mismatched_call(traces)
-    return rank, index + 1, op, nbytes
+def counted_from_zero(traces):  # the list's index, not the call's number
+    rank, number, op, nbytes = mismatched_call(traces)
+    return rank, number - 1, op, nbytes
 
 
 def the_others_call(traces):
-    rank, index, _, _ = mismatched_call(traces)
+    rank, number, _, _ = mismatched_call(traces)
     other = next(r for r in traces if r != rank)
-    return (rank, index) + (_call(traces[other], index) or (None, None))
+    return (rank, number) + (_call(traces[other], number - 1) or (None, None))
 
 
 def with_the_lesson(traces):
@@ -92,7 +93,7 @@ def test_the_solution_and_another_way_pass(capsys):
     (rank_zero_as_the_model, "returned rank ", "rank 0 can be the odd one too"),
     (lengths_only, "returned ", ""),
     (ops_only, "returned ", "op and nbytes"),
-    (counted_from_one, "returned call ", "count from 0"),
+    (counted_from_zero, "returned call ", "count from 1"),
     (the_others_call, "returned (", ""),
 ])
 def test_wrong_answers_fail(answer, says, hint):

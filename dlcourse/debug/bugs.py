@@ -126,8 +126,9 @@ CATALOGUE = {
         "sequence parallelism leaves the LayerNorm (and position, row-parallel bias) gradients "
         "partial, each rank's tokens only, and nobody all-reduces them",
         "NVIDIA/Megatron-LM#1446 (final_layernorm's main_grad differs between TP ranks with SP, "
-        "before the optimizer step); EleutherAI/gpt-neox#1257, the PR adding SP (a first commit "
-        "left the LayerNorm gradients unsynchronised: its loss fell slower, then flattened)",
+        "before the optimizer step); EleutherAI/gpt-neox#1257, the PR adding SP, had the same "
+        "gap (#1259 summed the LayerNorm gradients over the tp ranks and made them agree, and "
+        "says that did not fix its loss flat-lining)",
         # lesson 07's grids and lesson 04's strategies (`tensor.compare.build`) each call it
         ((combine, "parallelize", partial(parallelize, sum_grads=False)),
          (tp_compare, "parallelize", partial(parallelize, sum_grads=False))),
@@ -168,7 +169,9 @@ CATALOGUE = {
     "tp_f_backward_not_summed": Bug(
         "TP (lesson 04)",
         "Megatron's f passes the input gradient of a column-parallel layer on without summing "
-        "it over the tp ranks: everything before the first such layer learns from 1/tp of it",
+        "it over the tp ranks: each rank backpropagates its own partial sum (its heads' or "
+        "columns' share) into everything before that layer, so the ranks' copies of it get "
+        "different gradients, none of them the whole",
         "Shoeybi et al. 2019, Megatron-LM, sec. 3 (f: identity forward, all-reduce backward)",
         ((CopyToTensorParallel, "backward", _f_backward_not_summed),),
         fix="f's backward all-reduces the input gradient over the tp group"),
@@ -189,8 +192,9 @@ CATALOGUE = {
         "pytorch/torchtitan#2972 (PP's schedule backpropagates the token-summed loss and divides "
         "by the global token count only after backward: PP gradients that many times the "
         "non-PP ones); the reverse in pytorch/torchtitan#1733 (with gradient accumulation the "
-        "schedule's scale_grads divided every accumulation step's gradients by the micro-batches: "
-        "too small)",
+        "schedule's scale_grads=True divided the whole accumulated gradient by the micro-batches "
+        "at every accumulation step, so the earlier steps' share was divided again and again: "
+        "too small; fixed in #1732 by scaling the loss instead)",
         ((executor.Executor, "__init__", _executor_not_dividing),),
         fix="divide each micro-batch's loss by m before its backward (the executor's n_micro)"),
     "pp_tied_embeddings_unsynced": Bug(
@@ -207,7 +211,9 @@ CATALOGUE = {
         "DP x TP (lesson 07)",
         "the data-parallel all-reduce on the default (world) group instead of the dp axis: "
         "tp ranks' different shards are averaged together",
-        "",
+        "EleutherAI/gpt-neox#1281 (the same mistake in another collective: sequence "
+        "parallelism's reduce-scatter ran without the model-parallel group, which hurt "
+        "convergence whenever that group was a subset of the ranks)",
         ((combine, "all_reduce_buckets", _world_all_reduce_buckets),),
         fix="all-reduce over the grid's dp group: each tp rank with the ranks holding its shard"),
     "cp_local_positions": Bug(

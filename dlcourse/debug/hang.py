@@ -100,7 +100,8 @@ def read_traces(folder):
 @dataclass
 class Mismatch:
     stream: str  # "collectives on ranks [0, 1]" or "send/recv 0 -> 1"
-    index: int  # the call's number in that stream, from 1
+    index: int  # the call's number in that stream, counted from 1 as torch's flight recorder
+    #             counts a group's collectives (`collective_seq_id`); the course's one convention
     calls: dict  # rank -> the call dict it made there, or None (it made none)
     last: dict  # rank -> its last call of all (what a rank without this call did instead)
 

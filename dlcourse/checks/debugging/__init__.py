@@ -1,6 +1,7 @@
 """Checks for lesson 10's exercises (`exercises/10_debugging.ipynb`): the two finders of
 `dlcourse/debug/` by hand, on real runs; the fix of one bug they find; a bug drawn at random
-named from its run; and the fix of another.
+named from its run; the fix of another; and the flight recorder's dumps of a hung job read by
+hand.
 
     check_first_divergence(first_divergence)   the first tensor where a rank's run parts from one
                                                process, rounding not counted
@@ -13,9 +14,11 @@ named from its run; and the fix of another.
                                                first place and the bug's key
     check_sync_tied_grads(sync_tied_grads)     the fix of `pp_tied_embeddings_unsynced`, on 2 and
                                                3 pipeline stages, against one process
+    check_waited_call(waited_call)             from every rank's flight-recorder dump of a hung
+                                               job, the rank waited on and the call waited in
 
     runs.py       the traces: real 2-rank runs with a bug of the catalogue, a real 4-rank job
-    divergence.py, hang.py, fix.py, naming.py, tied.py   the five checks
+    divergence.py, hang.py, fix.py, naming.py, tied.py, flight.py   the six checks
     reference.py  the answers, from the lesson's own finders, after the student's function returns
     refusal.py    what is refused while a student's code runs
 
@@ -25,9 +28,10 @@ draws the same cases again.
 
 from dlcourse.checks.debugging.divergence import check_first_divergence
 from dlcourse.checks.debugging.fix import check_sync_sequence_parallel_grads
+from dlcourse.checks.debugging.flight import check_waited_call
 from dlcourse.checks.debugging.hang import check_mismatched_call
 from dlcourse.checks.debugging.naming import check_name_the_bug
 from dlcourse.checks.debugging.tied import check_sync_tied_grads
 
 __all__ = ["check_first_divergence", "check_mismatched_call", "check_sync_sequence_parallel_grads",
-           "check_name_the_bug", "check_sync_tied_grads"]
+           "check_name_the_bug", "check_sync_tied_grads", "check_waited_call"]

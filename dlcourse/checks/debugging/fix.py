@@ -35,8 +35,8 @@ from dlcourse.parallel.grid import RankGrid
 
 STEPS = 2
 HINT = ("after backward, sum over `group` the gradient of every parameter that each rank holds "
-        "whole but sees only its own tokens through (LayerNorms, the position embedding, the "
-        "row-parallel biases); leave the sharded ones alone")
+        "whole but sees only its own tokens through (lesson 04's layers say which); leave the "
+        "sharded ones alone")
 
 
 def config(world_size, seed):

@@ -25,14 +25,15 @@ KINDS = ("skips a call", "sends another size", "makes another collective", "make
          "stops one call early")
 HINT = ("line the ranks' lists up call by call; at each index compare every rank's (op, nbytes), "
         "or that it has no call there; the first index where they are not all alike is the "
-        "place, and the rank whose call no other rank made is the one to name")
+        "place (name it counted from 1), and the rank whose call no other rank made is the one "
+        "to name")
 
 
 @fresh_cases
 def check_mismatched_call(mismatched_call, *, rng):
-    """mismatched_call(traces {rank: [call dicts]}) -> (rank, index, op, nbytes): the rank whose
-    call no other rank made, the index of that call in its list (from 0), and its op and bytes
-    (None, None where it made no call)."""
+    """mismatched_call(traces {rank: [call dicts]}) -> (rank, call, op, nbytes): the rank whose
+    call no other rank made, that call's number in its list counted from 1 (as the hang finder
+    and torch's flight recorder count), and its op and bytes (None, None where it made none)."""
     __tracebackhide__ = True
     expect_callable(mismatched_call, "mismatched_call")
     if stub_message(mismatched_call) is not None:  # a stub can only raise: say so, no run
@@ -59,7 +60,7 @@ def check_mismatched_call(mismatched_call, *, rng):
 
 def _broken(clean, world_size, odd, how, rng):
     """({rank: calls} with rank `odd` broken `how`, each list ending where its rank waits;
-    the index of the first call that differs)."""
+    the number, from 1, of the first call that differs)."""
     n = len(clean)
     while True:  # a place where the next call differs from this one (op or bytes)
         i = rng.randrange(1, n - 1)
@@ -78,7 +79,7 @@ def _broken(clean, world_size, odd, how, rng):
     else:  # stops one call early
         mine = clean[:i]
     traces = {r: copy.deepcopy(mine if r == odd else others) for r in range(world_size)}
-    return traces, i
+    return traces, i + 1
 
 
 def _whole(value):
@@ -87,9 +88,9 @@ def _whole(value):
 
 
 def _read(got):
-    """(rank, index, op, nbytes) from a tuple or list, or a dict with those keys; or None."""
+    """(rank, call, op, nbytes) from a tuple or list, or a dict with those keys; or None."""
     if isinstance(got, dict):
-        got = tuple(got.get(k) for k in ("rank", "index", "op", "nbytes"))
+        got = tuple(got.get(k) for k in ("rank", "call", "op", "nbytes"))
     if not isinstance(got, (tuple, list)) or len(got) != 4:
         return None
     rank, index, op, nbytes = got
@@ -109,7 +110,7 @@ def _expect_call(got, want, traces, where):
              "(no call) as a value of its own")
     answer = _read(got)
     if answer is None:
-        fail(where, None, f"returned {kind(got)} {got!r}, expected (rank, index, op, nbytes): "
+        fail(where, None, f"returned {kind(got)} {got!r}, expected (rank, call, op, nbytes): "
                           "whole numbers and the op's name (None, None where the rank made no "
                           "call)", HINT)
     rank, index, op, nbytes = answer
@@ -119,9 +120,10 @@ def _expect_call(got, want, traces, where):
                           "no other rank makes", _rank_hint(rank, w_rank, traces, w_index))
     if index != w_index:
         fail(where, None, f"returned call {index} of rank {rank}, but the first call the ranks "
-                          f"disagree on is call {w_index} (from 0)", _index_hint(index, w_index))
+                          f"disagree on is call {w_index} (counted from 1)",
+             _index_hint(index, w_index))
     if (op, nbytes) != (w_op, w_nbytes):
-        made = traces[w_rank][w_index] if w_index < len(traces[w_rank]) else None
+        made = traces[w_rank][w_index - 1] if w_index <= len(traces[w_rank]) else None
         said = "made no such call" if made is None else f"made {w_op} of {w_nbytes} B"
         fail(where, None, f"returned ({op!r}, {nbytes!r}), but rank {w_rank} {said} there",
              "name the odd rank's own call, not the one the others made"
@@ -140,6 +142,7 @@ def _rank_hint(rank, want, traces, index):
 
 
 def _index_hint(index, want):
-    if index == want + 1:
-        return "count from 0: the call's index in the rank's list, as Python numbers it"
+    if index == want - 1:
+        return ("count from 1, as the hang finder and torch's flight recorder "
+                "(collective_seq_id) number a group's calls: a list's index 0 is call 1")
     return HINT

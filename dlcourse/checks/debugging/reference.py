@@ -3,7 +3,8 @@ lesson's own finders after the student's function has returned, and refused whil
 (`refusal.py`).
 
     first_gap(reference, trace)   (step, phase, name) of the first tensor that differs, or None
-    odd_call(traces)              (rank, index, op, nbytes) of the call that makes the hang
+    odd_call(traces)              (rank, call, op, nbytes) of the call that makes the hang
+    waited_on(dumps)              (rank, call) a hang waits on, from flight-recorder dumps
 """
 
 from collections import Counter
@@ -28,7 +29,8 @@ def first_gap(reference, trace):
 def odd_call(traces):
     """The lesson's `find_hang` on {rank: [calls]}; of the first call the ranks disagree on, the
     one rank whose call (op and bytes, or none at all) no other rank made: (that rank, the
-    call's index in its list from 0, its op and bytes, or None and None if it made none)."""
+    call's number counted from 1 as the hang finder numbers it, its op and bytes, or None and
+    None if it made none)."""
     mismatch = find_hang(traces)
     if mismatch is None:
         return None
@@ -38,4 +40,18 @@ def odd_call(traces):
         return None  # no single rank to blame: the check never draws such a case
     rank = alone[0]
     op, nbytes = key[rank] or (None, None)
-    return rank, mismatch.index - 1, op, nbytes
+    return rank, mismatch.index, op, nbytes
+
+
+def waited_on(dumps):
+    """From {rank: flight-recorder dump}: in the group whose ranks reached different last
+    `collective_seq_id`s, the one rank behind the others and the call after its last, the one
+    the others wait in; None if every group agrees or more than one rank is behind."""
+    groups = {e["pg_id"] for d in dumps.values() for e in d["entries"]}
+    for pg in sorted(groups):
+        last = {r: max((e["collective_seq_id"] for e in d["entries"] if e["pg_id"] == pg),
+                       default=0) for r, d in dumps.items()}  # 0: no call in this group
+        behind = [r for r, n in last.items() if n < max(last.values())]
+        if behind:
+            return (behind[0], last[behind[0]] + 1) if len(behind) == 1 else None
+    return None

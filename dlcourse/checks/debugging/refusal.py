@@ -4,7 +4,8 @@
 catalogue's runs; classes through constructors and methods), lesson 04's one all-reduce of
 sequence parallelism's partial gradients (`dlcourse.parallel.tensor.grads`, the fix of the third
 exercise), and these checks' own code (the references in `reference.py`, the recorded runs);
-for the fifth exercise lesson 06's `sync_tied_grads` too (`TIED_ANSWERS`).
+for the fifth exercise lesson 06's `sync_tied_grads` too (`TIED_ANSWERS`); for the sixth torch's
+analyser of flight-recorder dumps (`FLIGHT_ANSWERS`).
 """
 
 from dlcourse.checks.core.answers import Answers
@@ -32,3 +33,10 @@ TIED_ANSWERS = DEBUGGING.but(single=(("dlcourse.parallel.pipeline.stages", "sync
 def refusing_tied():
     """`run_on_ranks(guard=...)` for `check_sync_tied_grads`: the answers above refused too."""
     return TIED_ANSWERS.refusing()
+
+
+# The sixth exercise's answer more: torch's own analyser of flight-recorder dumps (fr_trace and
+# the modules that match the ranks' entries).
+FLIGHT_ANSWERS = DEBUGGING.but(torch=("torch.distributed.flight_recorder.fr_trace",
+                                      "torch.distributed.flight_recorder.components.builder",
+                                      "torch.distributed.flight_recorder.components.utils"))

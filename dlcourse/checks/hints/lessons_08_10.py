@@ -149,14 +149,15 @@ HINTS.update({
         "at index i, each rank's call is (op, nbytes), or nothing when its list is shorter; "
         "rank 0 can be the wrong one, so do not take it as the model",
         "count the (op, nbytes) values over the ranks at index i (collections.Counter); the "
-        "first i with more than one value: the rank whose value no other rank has, i, and its "
-        "op and nbytes (None, None where it made no call)",
+        "first i with more than one value: the rank whose value no other rank has, its call "
+        "number i + 1 (calls count from 1), and its op and nbytes (None, None where it made no "
+        "call)",
     ),
     "sync_sequence_parallel_grads": (
         "which parameters does every rank hold whole, but see only its own tokens through?",
-        "the LayerNorms, the position embedding and the row-parallel biases (lesson 04's layers "
-        "mark them p.sequence_partial = True); each rank's gradient of one is a partial sum over "
-        "its T/tp tokens; the sharded weights' gradients are whole already",
+        "the parameters used where a rank holds only its T/tp tokens: the LayerNorms, the "
+        "position embedding, the row-parallel biases; look in dlcourse/parallel/tensor/ for how "
+        "lesson 04's layers mark them; the sharded weights' gradients are whole already",
         "after backward, dist.all_reduce each marked gradient with op SUM over `group` (or "
         "concatenate them, all-reduce once, copy the pieces back): a sum, never an average, and "
         "nothing hard-coded about the number of ranks",
@@ -190,5 +191,14 @@ HINTS.update({
         "on the two end ranks: post an isend of your copy's gradient and an irecv of the other's "
         "together (dist.batch_isend_irecv, so neither waits first), then add what came to your "
         "gradient; the other ranks return at once",
+    ),
+    "waited_call": (
+        "a call number means something within one process group only: line the ranks up group "
+        "by group",
+        "for each pg_id, the largest collective_seq_id each rank's entries reach in it (0 where "
+        "a rank has none); record_id and an entry's place in the list count every group's calls",
+        "the group where the ranks reach different numbers is the one that hangs: the rank "
+        "behind is the one the others wait on, and they wait in the call after its last (its "
+        "last + 1): rank 0 can be the one behind",
     ),
 })
