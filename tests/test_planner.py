@@ -115,7 +115,9 @@ def test_the_bubble_stretches_compute_by_p_minus_1_over_v_m():
 @pytest.mark.parametrize("layout, says", [
     (Layout(1, 16, 1, micro_batches=16), "tp 16 is more than the 8 GPUs of a node"),
     (Layout(2, 8, 1, micro_batches=8), "tp 8 does not divide n_heads 12"),
-    (Layout(1, 1, 16, micro_batches=16), "pp 16 x v 1 chunks is more than the 12 layers"),
+    (Layout(1, 1, 16, micro_batches=16), "pp 16 is more stages than the model's 12 layers"),
+    (Layout(1, 1, 4, micro_batches=16, interleave=2), "pp 4 x v 2 = 8 virtual stages do not "
+                                                      "hold 12 layers whole (12 / 8 = 1.5"),
     (Layout(4, 1, 4, micro_batches=2, micro_batch=2), "2 micro-batches cannot keep 4 stages busy"),
     (Layout(16, 1, 1, micro_batches=3), "= 49,152 tokens, not the batch's 16,384"),
     (Layout(1, 2, 8, zero_stage=1, micro_batches=16), "ZeRO shards over data-parallel ranks"),
@@ -297,3 +299,19 @@ def test_the_swiglu_kernel_is_a_setting_for_swiglu_only(capsys):
         Workload(LLAMA7, 4096, 4096, mlp="triton")
     assert main(["plan", *PLAN, "--top", "1", "--mlp", "fused"]) == 0
     assert "Recommended" in capsys.readouterr().out
+
+
+def test_no_ranked_70b_layout_cuts_a_layer_between_virtual_stages():
+    """Issue 33: 80 layers on pp x v virtual stages must be whole layers each (Megatron-LM);
+    dp8 tp4 pp16 v4 (1.25 layers a stage) is refused with the arithmetic, and none of the
+    layouts the planner ranks splits a layer (checked here by the division, not the rule)."""
+    work = Workload(model("llama-2-70b"), 4096, 4 * 2 ** 20)
+    cluster = Cluster(gpu("h100"), 512)
+    bad = Layout(8, 4, 16, zero_stage=1, micro_batches=128, interleave=4)
+    assert any("pp 16 x v 4 = 64 virtual stages do not hold 80 layers whole (80 / 64 = 1.25"
+               in p for p in problems(bad, work, cluster)), problems(bad, work, cluster)
+    ranked = plan(work, cluster).ranked
+    assert any(e.layout.interleave > 1 for e in ranked)  # interleaving is still tried
+    for e in ranked:
+        assert 80 % (e.layout.pp * e.layout.interleave) == 0 or e.layout.interleave == 1, \
+            e.layout.describe()
