@@ -283,6 +283,10 @@ PLAN = ["--model", "llama-2-7b", "--gpus", "8", "--tokens-per-step", "4M"]
     ([*PLAN, "--seq-len", "-4096"], "--seq-len takes a whole number of tokens >= 1"),
     ([*PLAN, "--top", "-1"], "--top takes how many rows to print, a whole number >= 1"),
     ([*PLAN, "--gpus-per-node", "0"], "--gpus-per-node takes a whole number >= 1"),
+    ([*PLAN, "--recompute", "sometimes"], "--recompute takes one of any, none, selective, op, full"),
+    ([*PLAN, "--attention", "flash"], "--attention takes one of fused, eager"),
+    ([*PLAN, "--loss", "fp16"], "--loss takes one of 'in place', 'fp32 eager'"),
+    ([*PLAN, "--mlp", "triton"], "--mlp takes one of eager, fused"),
 ])
 def test_dlcourse_plan_refuses_bad_input_in_one_line_naming_the_flag(argv, says, capsys):
     assert main(["plan", *argv]) == 2
@@ -318,6 +322,13 @@ def test_the_swiglu_kernel_is_a_setting_for_swiglu_only(capsys):
         Workload(LLAMA7, 4096, 4096, mlp="triton")
     assert main(["plan", *PLAN, "--top", "1", "--mlp", "fused"]) == 0
     assert "Recommended" in capsys.readouterr().out
+
+
+def test_dlcourse_plan_recompute_narrows_the_search_to_one_policy(capsys):
+    """--recompute op: every ranked row is torchtitan's by-op policy; --loss is taken."""
+    assert main(["plan", *PLAN, "--top", "3", "--recompute", "op", "--loss", "fp32 eager"]) == 0
+    rows = capsys.readouterr().out.splitlines()[3:6]
+    assert rows and all(r.split("  ")[0].endswith("op recompute") for r in rows), rows
 
 
 def test_no_ranked_70b_layout_cuts_a_layer_between_virtual_stages():

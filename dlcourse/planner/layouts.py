@@ -17,7 +17,7 @@ from dlcourse.parallel.rules import problems as grid_problems
 from dlcourse.planner.activations import MLP
 from dlcourse.planner.transients import LOSS
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")  # "op": torchtitan's by-op policy
 ATTENTION = ("fused", "eager")  # FlashAttention / SDPA's fused kernel, or the scores in memory
 
 
@@ -62,7 +62,8 @@ class Layout:
     zero_stage: int = 0  # 0 (plain DP), 1, 2 or 3 on the dp axis
     micro_batch: int = 1  # sequences per micro-batch
     micro_batches: int = 1  # m: micro-batches per step on each pipeline (accumulation if pp = 1)
-    recompute: str = "none"  # "none", "selective" (attention scores) or "full" (whole layers)
+    recompute: str = "none"  # "none", "selective" (attention scores), "op" (torchtitan's by-op
+    #                          policy: every other matmul and the cheap ops) or "full" (layers)
     interleave: int = 1  # v: model chunks per pipeline rank (interleaved 1F1B); 1 = plain 1F1B
     sequence_parallel: bool = field(default=None)  # default: on whenever tp > 1
     reshard: bool = True  # ZeRO-3: free gathered parameters after forward (FSDP's default)
