@@ -9,8 +9,11 @@ process group of its axis, never a global.
                 (lesson 08, `lessons/08_context_parallel.ipynb`)
     expert/     expert parallelism for the MoE GPT: experts sharded, tokens dispatched by
                 all-to-all of uneven splits (lesson 09, `lessons/09_experts.ipynb`)
-    grid.py     RankGrid: the sizes of the dp, tp and pp axes and each rank's groups (lesson 07),
-                built once and handed down, so a strategy takes `groups.dp` or `groups.tp`
+    grid.py     RankGrid: the sizes of the dp, cp, tp and pp axes (and virtual stages) and each
+                rank's groups (lesson 07), built once and handed down, so a strategy takes
+                `groups.dp` or `groups.tp`; the one grid description the planner uses too
+    rules.py    the one rule book of a grid (`problems`), each rule with its source: what the
+                runtime refuses and the planner never ranks (lesson 07)
     combine.py  GridPlan, combine(model, plan, groups) -> GridTrainer: pp stages, tp inside each,
                 DP or ZeRO on dp, proven equal to one process (lesson 07)
 
