@@ -77,9 +77,10 @@ def plan(args):
             raise ValueError(f"--tokens-per-step {tokens:,} is not a whole number of "
                              f"{seq_len}-token sequences: pass a multiple of {seq_len}")
         cluster = Cluster(card, values["gpus"], values["gpus_per_node"])
+        choices = _plan_choices(args)
         work = Workload(replace(spec, seq_len=max(spec.seq_len, seq_len)), seq_len, tokens,
-                        attention=args.attention, mlp=args.mlp)
-        result = make_plan(work, cluster)
+                        attention=args.attention, mlp=args.mlp, loss=args.loss)
+        result = make_plan(work, cluster, **choices)
     except ValueError as error:
         print(f"dlcourse plan: {error}", file=sys.stderr)
         return 2
@@ -96,6 +97,20 @@ PLAN_NUMBERS = {
     "top": (int, 1, "how many rows to print, a whole number >= 1, e.g. --top 8"),
     "price": (float, 1e-9, "dollars per GPU-hour, a number > 0, e.g. --price 2.5"),
 }
+
+
+def _plan_choices(args):
+    """Check `dlcourse plan`'s named settings, one line naming a bad one and what to pass;
+    return the `layouts` choices they narrow."""
+    from dlcourse.planner.activations import MLP
+    from dlcourse.planner.layouts import ATTENTION, RECOMPUTE
+    from dlcourse.planner.transients import LOSS
+    named = {"attention": ATTENTION, "mlp": MLP, "recompute": ("any",) + RECOMPUTE, "loss": LOSS}
+    for name, allowed in named.items():
+        if getattr(args, name) not in allowed:
+            what = ", ".join(repr(a) if " " in a else a for a in allowed)
+            raise ValueError(f"--{name} takes one of {what}; got {getattr(args, name)!r}")
+    return {} if args.recompute == "any" else {"recomputes": (args.recompute,)}
 
 
 def _plan_numbers(args):
@@ -296,12 +311,20 @@ def _add_plan(sub):
     p.add_argument("--gpus-per-node", default="8", help="GPUs sharing NVLink (default 8)")
     p.add_argument("--price", help="dollars per GPU-hour (default: the GPU's, see its source)")
     p.add_argument("--top", default="8", help="rows to print (default 8)")
-    p.add_argument("--attention", choices=["fused", "eager"], default="fused",
+    p.add_argument("--attention", default="fused",
                    help="fused (FlashAttention/SDPA: no s x s scores stored, the default) or "
                         "eager (the scores stored, as lesson 01 measures)")
-    p.add_argument("--mlp", choices=["eager", "fused"], default="eager",
+    p.add_argument("--mlp", default="eager",
                    help="SwiGLU's kernel: eager (plain autograd, 4 ffn-wide tensors saved, the "
                         "default) or fused (Megatron-LM's, 3); no effect on GELU models")
+    p.add_argument("--recompute", default="any",
+                   help="activation recomputation: any (try all, the default), none, selective "
+                        "(Korthikanti's attention scores, eager attention only), op "
+                        "(torchtitan's by-op policy: every other matmul and the cheap ops "
+                        "recomputed) or full")
+    p.add_argument("--loss", default="in place",
+                   help="the loss kernel's peak: 'in place' (Megatron-LM, the default), "
+                        "'fp32 eager' (torchtitan) or 'fp32 eager, pred kept'")
     p.set_defaults(run=plan)
 
 

@@ -61,6 +61,7 @@ SERVES = {  # module of the library -> (the lesson it serves, what it holds for 
     "dlcourse.parallel.pipeline": ("06", "stages, schedules as data, one executor"),
     "dlcourse.strategies.pipeline": ("06", "GPipe, 1F1B, ZB-H1, interleaved 1F1B, torch's"),
     "dlcourse.parallel.grid": ("07", "RankGrid: the axes' sizes and each rank's groups"),
+    "dlcourse.parallel.rules": ("07", "the one rule book of a grid, each rule with its source"),
     "dlcourse.parallel.combine": ("07", "GridPlan, combine(model, plan, groups) -> GridTrainer"),
     "dlcourse.strategies.combine": ("07", "the rank grids of 4 and 8 ranks"),
     "dlcourse.planner": ("07", "the planner: layouts ranked by memory, time and cost"),

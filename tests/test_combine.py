@@ -163,3 +163,61 @@ def test_cp_rules_apply_only_with_cp():
     GridPlan(RankGrid(dp=4)).check(odd, BATCH)
     with pytest.raises(ValueError, match="4 chunks \\(cp 2\\) do not divide the sequence of 7"):
         GridPlan(RankGrid(dp=2, cp=2)).check(odd, BATCH)
+
+
+def course_gpt_spec():
+    """CFG as the planner's `ModelSpec`."""
+    from dlcourse.memory.calculator import ModelSpec
+    return ModelSpec("course GPT", CFG.n_layers, CFG.hidden, CFG.n_heads, CFG.vocab_size,
+                     CFG.seq_len, ffn=4 * CFG.hidden, kv_heads=CFG.n_heads, gated_mlp=False,
+                     bias=CFG.bias, tied=CFG.tie_embeddings, learned_positions=True)
+
+
+def course_gpt_plans(world_size):
+    """{layout: GridPlan} of every layout the planner ranks for CFG's BATCH on `world_size`
+    ranks, with the course runtime's rules (where="dlcourse"), the recommended one first."""
+    from dlcourse.planner.hardware import Cluster, gpu
+    from dlcourse.planner.layouts import Workload
+    from dlcourse.planner.rank import plan
+
+    work = Workload(course_gpt_spec(), CFG.seq_len, BATCH * CFG.seq_len)
+    found = plan(work, Cluster(gpu("h100"), world_size), where="dlcourse")
+    ranked = [found.recommended] + [e for e in found.ranked if e is not found.recommended]
+    return {e.layout.describe(): e.layout.grid_plan() for e in ranked}
+
+
+@pytest.mark.parametrize("world_size", [4, 8])
+def test_every_layout_the_planner_ranks_for_the_course_gpt_trains_like_one_process(world_size):
+    """The planner's answer at course scale: its recommendation and every other layout it ranks
+    (none breaks the runtime's rule book) build with `combine` and train equal to one process."""
+    plans = course_gpt_plans(world_size)
+    assert len(plans) >= 3, plans  # dp, pp and tp layouts at least: something to prove
+    for plan in plans.values():
+        plan.check(CFG, BATCH)
+    results = dlcourse.launch(train_grids, plans, world_size=world_size, backend="gloo",
+                              timeout=300)
+    for name in plans:
+        check_equal_to_one_process(results, name)
+
+
+@pytest.mark.parametrize("layout_args", [
+    dict(dp=1, tp=3, pp=1, micro_batch=8),  # tp 3 does not divide the 4 heads
+    dict(dp=1, tp=1, pp=4, micro_batches=8),  # 4 stages, 2 layers
+    dict(dp=2, tp=1, pp=2, micro_batches=1, micro_batch=4),  # 1 micro-batch, 2 stages
+    dict(dp=1, tp=1, pp=2, cp=2, micro_batches=8),  # cp with pp: not built here
+    dict(dp=2, tp=1, pp=2, zero_stage=1, micro_batches=4),  # ZeRO with pp: not built here
+    dict(dp=1, tp=1, pp=2, interleave=2, micro_batches=8),  # v 2 of 2 layers on 2 stages
+    dict(dp=1, tp=2, pp=2, micro_batches=8, sequence_parallel=True),  # SP with pp
+])
+def test_the_runtime_and_the_planner_refuse_a_grid_in_the_same_sentence(layout_args):
+    """One rule book: the sentence `GridPlan` raises is among the planner's `problems` for the
+    same layout of the same model."""
+    from dlcourse.planner.hardware import Cluster, gpu
+    from dlcourse.planner.layouts import Layout, Workload, problems
+
+    layout = Layout(**layout_args)
+    work = Workload(course_gpt_spec(), CFG.seq_len, BATCH * CFG.seq_len)
+    with pytest.raises(ValueError) as refused:
+        layout.grid_plan().check(CFG, BATCH)
+    found = problems(layout, work, Cluster(gpu("h100"), layout.n_gpus), where="dlcourse")
+    assert str(refused.value) in found, (str(refused.value), found)

@@ -62,12 +62,12 @@ def test_cp_rules_are_named():
     cluster = Cluster(gpu("h100"), 8)
     found = " ".join(problems(Layout(1, 1, 1, micro_batch=1, micro_batches=8, cp=8), work,
                               cluster))
-    assert "2 x cp equal chunks" not in found  # 12288 = 16 x 768
+    assert "chunks (cp 8) do not divide" not in found  # 12288 = 16 x 768
     assert "use attention 'fused'" in found
     odd = Workload(LLAMA7, 12040, 8 * 12040)  # 12040 = 16 x 752.5
     found = " ".join(problems(Layout(1, 1, 1, micro_batch=1, micro_batches=8, cp=8), odd,
                               cluster))
-    assert "2 x cp equal chunks" in found
+    assert "16 chunks (cp 8) do not divide the sequence of 12040 tokens" in found
 
 
 def test_llama3s_long_context_stage_costs_what_its_8k_stage_costs_per_local_token():

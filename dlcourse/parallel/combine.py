@@ -42,6 +42,7 @@ from dlcourse.parallel.context.parallelize import (METHODS, check_cp, context_pa
                                                    cp_model)
 from dlcourse.parallel.context.ulysses import check_ulysses
 from dlcourse.parallel.grid import RankGrid
+from dlcourse.parallel.rules import Run, refuse
 from dlcourse.parallel.pipeline import SCHEDULES, cut_stages, split_micro_batches, stage_boundaries
 from dlcourse.parallel.pipeline import train_step as pipeline_train_step
 from dlcourse.parallel.pipeline.measure import in_flight_peak
@@ -70,42 +71,22 @@ class GridPlan:
         if self.schedule not in PIPELINE_SCHEDULES:
             raise ValueError(f"GridPlan.schedule must be one of {PIPELINE_SCHEDULES} (one stage "
                              f"per rank), got {self.schedule!r}")
-        if self.zero_stage and self.grid.pp > 1:
-            raise ValueError(
-                f"ZeRO stage {self.zero_stage} with pp {self.grid.pp} is not built here: ZeRO "
-                "takes over the gradients, which the pipeline's executor reads stage by stage, "
-                "and stages 2 and 3 would reduce-scatter after each of the m micro-batches "
-                "(DeepSpeed's pipeline refuses them too). Use zero_stage=0 with pp > 1, or pp=1")
-        if self.sequence_parallel and self.grid.pp > 1:
-            raise ValueError("sequence_parallel with pp > 1 is not built here: stages would pass "
-                             "(b, T/tp, h) sequence shards, and lesson 06's executor sends whole "
-                             "(b, T, h) activations. Use sequence_parallel=False with pp > 1")
-        if self.grid.pp == 1 and self.micro_batches != 1:
-            raise ValueError(f"micro_batches {self.micro_batches} only cut the batch for a "
-                             "pipeline (pp > 1); with pp = 1 use micro_batches=1")
         if self.cp_method not in METHODS:
             raise ValueError(f"GridPlan.cp_method must be one of {sorted(METHODS)}, "
                              f"got {self.cp_method!r}")
-        if self.grid.cp > 1:
-            self._check_cp_combines()
+        refuse(self.grid, None, self.run)  # the combinations not built here (rules.py)
 
-    def _check_cp_combines(self):
-        """Refuse what cp > 1 is not built with here, each with the reason."""
-        cp = self.grid.cp
-        if self.grid.pp > 1:
-            raise ValueError(f"cp {cp} with pp {self.grid.pp} is not built here: lesson 06's "
-                             "stages are cut from the plain GPT and pass whole (b, T, h) "
-                             "activations. Use pp=1 with cp > 1")
-        if self.sequence_parallel:
-            raise ValueError(f"cp {cp} with sequence_parallel is not built here: lesson 04's "
-                             "sequence shards would cut each rank's s/cp tokens again, with "
-                             "positions of their own. Use sequence_parallel=False with cp > 1")
+    @property
+    def run(self):
+        """How this plan runs its grid, as the rule book (`dlcourse.parallel.rules`) reads it."""
+        return Run(micro_batches=self.micro_batches, zero_stage=self.zero_stage, sequence_parallel=self.sequence_parallel,
+                   cp_method=self.cp_method)
 
     def check(self, config, batch):
         """Refuse, with the arithmetic, a grid the model or the batch (None: not checked)
         cannot be cut into."""
-        self.grid.check_model(config, self.micro_batches)
-        check_tp(config, self.grid.tp, self.sequence_parallel)  # tp divides seq_len, with SP
+        refuse(self.grid, config, self.run)  # the rule book the planner reads too
+        check_tp(config, self.grid.tp, self.sequence_parallel)  # dropout with tp and SP
         if self.grid.cp > 1:  # cp (zig-zag: 2 cp) divides seq_len; dropout 0
             check_cp(config, self.grid.cp, self.cp_method)
             if self.cp_method == "ulysses":  # Ulysses splits each tp rank's a/tp heads over cp

@@ -18,6 +18,13 @@ layer, more often than dp's once-a-step gradients. This is Megatron-LM's order (
 leaves cp out of its default order, so the three-axis grids of lessons 04-07 are what they were;
 an `order` may leave cp out when cp = 1.
 
+`RankGrid` is the one description of a job's layout: the runtime (`combine.GridPlan`) and the
+planner (`dlcourse.planner.layouts.Layout.grid`) both hold one, and both check it against the
+one rule book, `dlcourse.parallel.rules.problems`. `virtual` is the pipeline's model chunks
+per rank (interleaved 1F1B, lesson 06): not an axis of ranks, but a rule-book size (whole
+layers per virtual stage), like torchtitan's `ParallelDims` beside its pipeline schedule. An
+expert axis (lesson 09) would be one more field and its rows in the rule book.
+
 The dp x cp replicas. Every cp rank holds the same weights and trains them on its part of each
 sequence, so the gradients are averaged over dp x cp ranks, not dp alone: `groups.dp_cp`, the
 ranks that differ only on dp and cp (Megatron-LM's data-parallel group "with context parallel";
@@ -27,10 +34,11 @@ which holds the same ranks.
 """
 
 import itertools
-import math
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
+
+from dlcourse.parallel.rules import Run, refuse
 
 AXES = ("pp", "dp", "cp", "tp")
 FLATTENED = {"dp_cp": ("dp", "cp")}  # a group over two axes: the ranks that share the weights
@@ -44,9 +52,10 @@ class RankGrid:
     cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence (lesson 08)
     order: tuple = None  # the axes outermost first (the last one's ranks are consecutive);
     #                      default AXES, without cp when cp = 1
+    virtual: int = 1  # v: model chunks (virtual stages) per pipeline rank, interleaved 1F1B
 
     def __post_init__(self):
-        for axis in AXES:
+        for axis in AXES + ("virtual",):
             size = getattr(self, axis)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"RankGrid.{axis} must be a whole number >= 1, got {size!r}")
@@ -104,20 +113,11 @@ class RankGrid:
                 "make the product equal the world size")
 
     def check_model(self, config, micro_batches=None):
-        """Refuse sizes the course GPT (a `GPTConfig`) cannot be cut into, with the arithmetic."""
-        for name in ("n_heads", "hidden", "vocab_size"):
-            value = getattr(config, name)
-            if value % self.tp:
-                raise ValueError(
-                    f"tp {self.tp} does not divide {name} {value} ({value} / {self.tp} = "
-                    f"{value / self.tp:g}): each tensor-parallel rank needs an equal share; "
-                    f"try tp in {_divisors(math.gcd(config.n_heads, config.hidden, config.vocab_size))}")
-        if self.pp > config.n_layers:
-            raise ValueError(f"pp {self.pp} is more stages than the model's {config.n_layers} "
-                             "layers: every stage needs at least one block")
-        if micro_batches is not None and self.pp > 1 and micro_batches < self.pp:
-            raise ValueError(f"{micro_batches} micro-batches cannot keep {self.pp} stages busy: "
-                             f"use at least pp = {self.pp}")
+        """Refuse sizes the course GPT (a `GPTConfig`) cannot be cut into, with the arithmetic:
+        the first sentence of the rule book (`dlcourse.parallel.rules.problems`) that the planner
+        reads too. micro_batches None: not checked."""
+        m = self.pp if micro_batches is None else micro_batches
+        refuse(self, config, Run(micro_batches=m))
 
     def new_groups(self):
         """On every rank of the job, once: make every axis's process groups (each rank must
@@ -181,6 +181,3 @@ class RankGroups:
         """The ranks that hold the same weights: gradients are averaged over dp x cp."""
         return self.groups["dp_cp"]
 
-
-def _divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]

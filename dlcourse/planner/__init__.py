@@ -3,14 +3,20 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
 
     hardware.py    GPU (memory, peak, MAMF, HBM bandwidth, links, price) with sources; Cluster
     layouts.py     Workload, Layout (dp x tp x pp, ZeRO stage, micro-batches, recompute,
-                   interleaving), the rules a layout must obey, every valid layout
+                   interleaving; `Layout.grid` is the runtime's RankGrid), the rules a layout
+                   must obey (the runtime's rule book, `dlcourse.parallel.rules`, and the
+                   cluster's), every valid layout
+    margin.py      what a real GPU holds beyond the counted peak: driver, CUDA context, NCCL
+                   buffers, the allocator's reserve; `fits` keeps it
+    op_checkpoint.py  torchtitan's selective checkpointing by op, measured on the course GPT
     estimate.py    bytes per GPU (lesson 06's in-flight count), step time, tokens/s, MFU,
                    $ per million tokens
     activations.py what one layer of any model saves for backward, tensor by tensor
     timing.py      the step's terms: matmuls, element-wise kernels, Adam, tp / pp / dp traffic
     calibration.py the one measured constant: what a matmul keeps of its MAMF inside a layer
-    rank.py        plan(): the ranked table, the Pareto front of cost against time, and why
-                   nothing fits when nothing does
+    rank.py        plan(): the ranked table, the recommendation (the simplest of the layouts
+                   that tie within the planner's error), why it beat the runner-up, the
+                   Pareto front of cost against time, and why nothing fits when nothing does
     published.py   published runs (Megatron-LM, torchtitan, BLOOM, Llama 3) the planner is checked
                    against; the spread of its errors is the band on every cost
 """

@@ -31,7 +31,7 @@ width h (norm inputs, the inputs of QKV and of the MLP, masks after the residual
 split along the sequence over the t ranks (Korthikanti §4.2.2), the rest over heads or ffn.
 """
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")  # "op": torchtitan's by-op policy (below)
 MLP = ("eager", "fused")  # SwiGLU as autograd keeps it (4 ffn-wide tensors), or one kernel (3)
 
 
@@ -56,6 +56,8 @@ def layer_saved_tensors(spec, seq_len, micro_batch, *, tp=1, sequence_parallel=F
     h = spec.hidden
     if recompute == "full":
         return [("layer input (the rest recomputed)", tokens * h * e / seq, True)]
+    if recompute == "op":
+        return _op_rows(spec, seq_len, tokens, t, seq, e, attention)
     rows = _attention_rows(spec, seq_len, tokens, t, seq, e, m, attention, recompute)
     rows += _mlp_rows(spec, tokens, t, seq, e, m, mlp)
     return [(name, nbytes * stat_bytes / 4 if "statistics" in name else nbytes, paper)
@@ -121,3 +123,41 @@ def layer_activation_bytes(spec, seq_len, micro_batch, **settings):
     """The sum of `layer_saved_tensors`: bytes one layer saves on one tp rank."""
     return sum(nbytes for _, nbytes, _ in layer_saved_tensors(spec, seq_len, micro_batch,
                                                               **settings))
+
+
+def layer_linears(spec):
+    """[(name, in width, out width, column-parallel?)] of one layer's weight matmuls in the order
+    the forward runs them: torchtitan's Llama (SwiGLU models here) runs wq, wk, wv apart and w1
+    before w3 (FeedForward: w2(silu(w1(x)) * w3(x))); GPT runs one fused QKV."""
+    h, f = spec.hidden, spec.ffn
+    kv = spec.kv_heads * (h // spec.n_heads)
+    if spec.gated_mlp:
+        return [("wq", h, h, True), ("wk", h, kv, True), ("wv", h, kv, True),
+                ("wo", h, h, False), ("w1", h, f, True), ("w3", h, f, True), ("w2", f, h, False)]
+    return [("QKV", h, h + 2 * kv, True), ("proj", h, h, False), ("fc", h, f, True),
+            ("fc proj", f, h, False)]
+
+
+def op_recomputed_linears(spec):
+    """The layer's matmuls torchtitan's by-op policy recomputes: the 2nd, 4th, ... it runs."""
+    return [row for i, row in enumerate(layer_linears(spec)) if i % 2 == 1]
+
+
+def _op_rows(spec, seq_len, tokens, t, seq, e, attention):
+    """torchtitan's selective checkpointing by op (`op_checkpoint.py`): the layer's input, the
+    outputs of the 1st, 3rd, ... matmul (a row-parallel one's partial sum is h wide on every
+    rank) and of attention's kernels (fused: SDPA's output and logsumexp; eager: the two bmms,
+    Q K^T and probs V); norms, activations, softmax and the other matmuls are recomputed."""
+    h, a = spec.hidden, spec.n_heads
+    rows = [("layer input (the checkpoint's)", tokens * h * e / seq, True)]
+    for i, (name, _, out, column) in enumerate(layer_linears(spec)):
+        if i % 2 == 0:
+            rows.append((f"{name} output (saved matmul)", tokens * out * e / (t if column else 1),
+                         True))
+    if attention == "eager":
+        rows += [("Q K^T (saved bmm)", tokens * a * seq_len * e / t, True),
+                 ("probs V (saved bmm)", tokens * h * e / t, True)]
+    else:
+        rows += [("attention output (saved SDPA)", tokens * h * e / t, True),
+                 ("logsumexp (fp32, saved with it)", tokens * a * 4 / t, False)]
+    return rows

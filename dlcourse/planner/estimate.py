@@ -28,7 +28,8 @@ reduced, and ZeRO shards, over dp x cp (`Layout.replicas`). Attention still sees
 sequence: each query's FLOPs count all s keys.
 
 Not modelled: offload, expert parallelism, kernel-level overlap of tp
-communication, kernel launch gaps, and the memory the framework itself takes (`HEADROOM`).
+communication and kernel launch gaps. What a real GPU holds beyond the counted peak (the CUDA
+context, NCCL's buffers, the allocator's reserve) is `margin.py`'s: `Estimate.fits` keeps it.
 """
 
 import functools
@@ -40,13 +41,14 @@ from dlcourse.memory.calculator import spec_params
 from dlcourse.parallel.pipeline.measure import bubble_formula, in_flight_peak
 from dlcourse.parallel.pipeline.schedules import Action, interleaved_1f1b, one_f_one_b
 
+from dlcourse.planner import margin
 from dlcourse.planner.transients import transient_bytes
 from dlcourse.planner.timing import (BYTES, cp_time, dp_time, elementwise_bytes,
                                      hardware_flops_per_token, layer_activations,
                                      model_flops_per_token, optimizer_time, pp_time,
                                      shape_efficiency, tp_time)
 
-HEADROOM = 0.1  # of nvidia-smi's total: the driver's share, CUDA context, buffers, fragmentation
+HEADROOM = 0.1  # the old flat margin (lesson 08 reads it); `margin.py` is what `fits` keeps
 
 
 @dataclass
@@ -192,7 +194,7 @@ def in_flight_micro_batches(pp, micro_batches, interleave=1):
     return in_flight_peak(schedule_actions(0, pp, micro_batches, interleave)) / interleave
 
 
-def estimate(work, layout, cluster, headroom=HEADROOM):
+def estimate(work, layout, cluster):
     """An `Estimate` of `layout` training `work` on `cluster`."""
     spec, L, gpu = work.model, layout, cluster.gpu
     memory = peak_memory(work, L)
@@ -212,7 +214,7 @@ def estimate(work, layout, cluster, headroom=HEADROOM):
     step = compute + tp + cp + pp + exposed_dp + optimizer
     model_flops = model_flops_per_token(spec, work.seq_len) * work.batch_tokens
     return Estimate(
-        L, memory, memory <= (1 - headroom) * gpu.memory, step, compute, bubble, tp, cp, pp,
+        L, memory, margin.fits(gpu, L, memory), step, compute, bubble, tp, cp, pp,
         exposed_dp, optimizer, work.batch_tokens / step,
         model_flops / (step * cluster.n_gpus * gpu.peak_flops),
         cluster.dollars_per_hour() * step / 3600 / (work.batch_tokens / 1e6))

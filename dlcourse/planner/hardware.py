@@ -17,8 +17,8 @@ carry binary capacities; nvidia-smi's memory.total (modal-labs/modal-client PR #
 2025-01-23, nvidia-smi on each card): H100 80GB 81,559 MiB, A100 80GB 81,920 MiB, A100 40GB
 40,960 MiB, L40S 46,068 MiB; H200 143,771 MiB and RTX 4090 24,564 MiB as nvidia-smi prints
 them in public logs. CUDA hands the allocator a little less (torch's total_memory, the
-driver's totalGlobalMem: 81,090 MiB on an H100 80GB, 0.6% less), which the planner's
-`estimate.HEADROOM` covers with the CUDA context and fragmentation.
+driver's totalGlobalMem: 81,090 MiB on an H100 80GB, 0.6% less), which the planner keeps
+free with the CUDA context, NCCL's buffers and the allocator's reserve (`margin.py`).
 
 Memory bandwidth (`hbm_bw`, bytes/s, datasheets): A100 40 GB 1,555 GB/s, A100 80 GB SXM
 2,039 GB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s, L40S 864 GB/s (GDDR6), RTX 4090 1,008 GB/s

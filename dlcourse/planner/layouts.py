@@ -9,12 +9,15 @@ rule a layout breaks, each with its arithmetic; `layouts` enumerates the ones wo
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from dlcourse.parallel.grid import RankGrid
+from dlcourse.parallel.rules import Run
+from dlcourse.parallel.rules import problems as grid_problems
 from dlcourse.planner.activations import MLP
 from dlcourse.planner.transients import LOSS
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")  # "op": torchtitan's by-op policy
 ATTENTION = ("fused", "eager")  # FlashAttention / SDPA's fused kernel, or the scores in memory
 
 
@@ -59,7 +62,8 @@ class Layout:
     zero_stage: int = 0  # 0 (plain DP), 1, 2 or 3 on the dp axis
     micro_batch: int = 1  # sequences per micro-batch
     micro_batches: int = 1  # m: micro-batches per step on each pipeline (accumulation if pp = 1)
-    recompute: str = "none"  # "none", "selective" (attention scores) or "full" (whole layers)
+    recompute: str = "none"  # "none", "selective" (attention scores), "op" (torchtitan's by-op
+    #                          policy: every other matmul and the cheap ops) or "full" (layers)
     interleave: int = 1  # v: model chunks per pipeline rank (interleaved 1F1B); 1 = plain 1F1B
     sequence_parallel: bool = field(default=None)  # default: on whenever tp > 1
     reshard: bool = True  # ZeRO-3: free gathered parameters after forward (FSDP's default)
@@ -81,6 +85,26 @@ class Layout:
         sequence (Megatron-LM folds cp into the gradient reduction the same way)."""
         return self.dp * self.cp
 
+    @property
+    def grid(self):
+        """This layout's grid in the runtime's own description (`dlcourse.parallel.grid`), the
+        one the rule book (`dlcourse.parallel.rules`) checks."""
+        return RankGrid(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, virtual=self.interleave)
+
+    @property
+    def run(self):
+        """How this layout runs its grid, as the rule book reads it."""
+        return Run(micro_batches=self.micro_batches, zero_stage=self.zero_stage,
+                   sequence_parallel=self.sequence_parallel, light_ends=self.light_ends,
+                   recompute=self.recompute)
+
+    def grid_plan(self):
+        """The runtime's `GridPlan` of this layout (lesson 07's `combine` trains it), for a
+        layout the rule book passes with where="dlcourse"."""
+        from dlcourse.parallel.combine import GridPlan
+        return GridPlan(self.grid, zero_stage=self.zero_stage, micro_batches=self.micro_batches,
+                        sequence_parallel=self.sequence_parallel)
+
     def axes(self):
         """How many strategies this layout combines (an axis counts when its size is > 1)."""
         return sum(size > 1 for size in (self.dp, self.cp, self.tp, self.pp))
@@ -101,29 +125,25 @@ class Layout:
         return " ".join(parts)
 
 
-def problems(layout, work, cluster):
+def problems(layout, work, cluster, where="megatron"):
     """Every rule `layout` breaks for `work` on `cluster`, each a sentence with the arithmetic;
-    [] if it is a valid layout."""
-    m, found = work.model, []
+    [] if it is a valid layout. The grid's rules are the runtime's own rule book
+    (`dlcourse.parallel.rules.problems`: where="megatron" the rules every framework has,
+    "dlcourse" also what this course's runtime does not build); the rest are the cluster's and
+    the batch's."""
+    found = []
     if layout.n_gpus != cluster.n_gpus:
         cp = f" x cp {layout.cp}" if layout.cp > 1 else ""
         found.append(f"dp {layout.dp}{cp} x tp {layout.tp} x pp {layout.pp} = {layout.n_gpus} "
                      f"GPUs, the cluster has {cluster.n_gpus}")
-    found += _context_problems(layout, work)
+    model = replace(work.model, seq_len=work.seq_len)  # the rules read the trained length
+    found += grid_problems(layout.grid, model, layout.run, where)
+    if layout.cp > 1 and work.attention != "fused":
+        found.append("context parallelism computes attention block by block with an online "
+                     "softmax, as a fused kernel does: use attention 'fused'")
     if layout.tp > cluster.gpus_per_node:
         found.append(f"tp {layout.tp} is more than the {cluster.gpus_per_node} GPUs of a node: "
                      "tensor parallel's all-reduces would cross the slow network")
-    for name in ("n_heads", "kv_heads"):
-        if getattr(m, name) % layout.tp:
-            found.append(f"tp {layout.tp} does not divide {name} {getattr(m, name)}")
-    if layout.pp > m.n_layers or layout.pp * layout.interleave > m.n_layers:
-        found.append(f"pp {layout.pp} x v {layout.interleave} chunks is more than the "
-                     f"{m.n_layers} layers")
-    if layout.pp > 1 and layout.micro_batches < layout.pp:
-        found.append(f"{layout.micro_batches} micro-batches cannot keep {layout.pp} stages busy")
-    if layout.interleave > 1 and (layout.pp == 1 or layout.micro_batches % layout.pp):
-        found.append(f"interleaving needs pp > 1 and micro-batches ({layout.micro_batches}) a "
-                     f"multiple of pp ({layout.pp})")
     if layout.zero_stage == 2 and layout.pp > 1:
         found.append("ZeRO-2 with pipelining: its sharded gradients would be reduce-scattered "
                      "at every micro-batch's backward; DeepSpeed refuses it (PipelineEngine: "
@@ -145,20 +165,6 @@ def problems(layout, work, cluster):
     return found
 
 
-def _context_problems(layout, work):
-    """The rules context parallelism adds (lesson 08)."""
-    if layout.cp == 1:
-        return []
-    found = []
-    if work.seq_len % (2 * layout.cp):
-        found.append(f"cp {layout.cp} needs the sequence ({work.seq_len}) in 2 x cp equal chunks "
-                     "(the zig-zag split that balances causal attention, lesson 08)")
-    if work.attention != "fused":
-        found.append("context parallelism computes attention block by block with an online "
-                     "softmax, as a fused kernel does: use attention 'fused'")
-    return found
-
-
 # Context parallel is tried for long sequences only: cp values leaving each rank at least this
 # many tokens (GPT-3, Llama 2 and Llama 3's first stage trained 2-8K whole, without cp).
 MIN_CP_TOKENS = 4096
@@ -171,9 +177,9 @@ def context_sizes(work, n_gpus):
 
 
 def layouts(work, cluster, micro_batch_sizes=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
-            recomputes=RECOMPUTE, interleaves=(1, 2, 4), contexts=None):
+            recomputes=RECOMPUTE, interleaves=(1, 2, 4), contexts=None, where="megatron"):
     """Every valid layout of `work` on `cluster` over the given choices (`contexts`: the cp
-    values; by default `context_sizes`)."""
+    values; by default `context_sizes`; `where`: whose rules, as `problems`)."""
     n, B = cluster.n_gpus, work.sequences
     for cp in contexts or context_sizes(work, n):
         if n % cp:
@@ -182,11 +188,11 @@ def layouts(work, cluster, micro_batch_sizes=(1, 2, 4, 8), zero_stages=(0, 1, 2,
             for pp in _divisors(n // cp // tp):
                 dp = n // cp // tp // pp
                 yield from _batch_splits(work, cluster, B, dp, tp, pp, cp, micro_batch_sizes,
-                                         zero_stages, recomputes, interleaves)
+                                         zero_stages, recomputes, interleaves, where)
 
 
 def _batch_splits(work, cluster, B, dp, tp, pp, cp, micro_batch_sizes, zero_stages,
-                  recomputes, interleaves):
+                  recomputes, interleaves, where):
     for mb in micro_batch_sizes:
         if B % (dp * mb):
             continue
@@ -194,7 +200,7 @@ def _batch_splits(work, cluster, B, dp, tp, pp, cp, micro_batch_sizes, zero_stag
             for recompute in recomputes:
                 for v in interleaves:
                     layout = Layout(dp, tp, pp, zero, mb, B // (dp * mb), recompute, v, cp=cp)
-                    if not problems(layout, work, cluster):
+                    if not problems(layout, work, cluster, where):
                         yield layout
 
 

@@ -4,26 +4,50 @@ the simplest one close to the cheapest recommended, and, when nothing fits, what
     p = plan(Workload(REAL_MODELS["Llama-2 7B"], 4096, 4 * 2**20), Cluster(gpu("h100"), 64))
     print(format_plan(p))
 
-Simplicity counts the techniques a layout combines: one for each parallel axis beyond the
-first, one for ZeRO (two for stage 3, which gathers parameters every micro-batch), one for
-interleaving and one for recomputation. Fewer is simpler to run, debug and explain.
+Simplicity counts the techniques a layout combines (`techniques`): one for each model-parallel
+axis (tp, pp, cp; plain data parallelism is the baseline), one for each state ZeRO shards (stage 1 the optimizer; 2 also the gradients,
+reduce-scattered at every micro-batch; 3 also the parameters, gathered at every micro-batch),
+one for interleaving and one for recomputation. Fewer is simpler to run, debug and explain.
+
+The decision respects the planner's own error. Its throughput is off by as much as its spread
+on the published runs (`published.error_band`), so two layouts whose predicted costs lie
+within that band of each other tie: the planner cannot tell which is cheaper. Among the
+layouts that tie with the cheapest, the simplest is recommended (the cheaper among equally
+simple ones), and `why` says in numbers why it beat the runner-up.
 """
 
 from dataclasses import dataclass, field, replace
 
-from dlcourse.planner.estimate import HEADROOM, estimate
+from dlcourse.planner import margin
+from dlcourse.planner.estimate import estimate
 from dlcourse.planner.hardware import GPUS, PRICE_CAVEAT, Cluster
 from dlcourse.planner.layouts import layouts
 from dlcourse.planner.published import RUNS, error_band
 
-NEAR_CHEAPEST = 0.10  # the recommendation may cost this much more than the cheapest, if simpler
+ZERO_SHARDS = ["ZeRO: the optimizer state sharded",
+               "ZeRO-2: gradients reduce-scattered at every micro-batch",
+               "ZeRO-3: parameters gathered at every micro-batch"]
+
+
+def techniques(layout):
+    """What `layout` combines beyond one GPU or plain data parallelism, one name each."""
+    axes = [f"{name} {size}" for name, size in (("tp", layout.tp), ("pp", layout.pp),
+                                                 ("cp", layout.cp)) if size > 1]
+    used = axes + ZERO_SHARDS[:layout.zero_stage]  # plain dp is the baseline: no technique
+    used += [f"interleaving (v {layout.interleave})"] if layout.interleave > 1 else []
+    return used + ([f"{layout.recompute} recomputation"] if layout.recompute != "none" else [])
 
 
 def simplicity(layout):
     """How many techniques `layout` combines (0: one GPU, or plain data parallel)."""
-    zero = {0: 0, 1: 1, 2: 1, 3: 2}[layout.zero_stage]
-    return (max(layout.axes() - 1, 0) + zero + (layout.interleave > 1)
-            + (layout.recompute != "none"))
+    return len(techniques(layout))
+
+
+def tie_band():
+    """The relative cost difference the planner cannot resolve: the larger side of its error
+    on the published runs."""
+    low, high = error_band()
+    return max(-low, high)
 
 
 @dataclass
@@ -39,13 +63,27 @@ class Plan:
         return self.ranked[0] if self.ranked else None
 
     @property
-    def recommended(self):
-        """The simplest layout within NEAR_CHEAPEST of the cheapest (the cheaper among equals)."""
+    def tied(self):
+        """The layouts whose cost lies within the planner's error (`tie_band`) of the cheapest,
+        in the order the decision takes them: simplest first, then cheapest."""
         if not self.ranked:
-            return None
-        limit = self.cheapest.dollars_per_m_tokens * (1 + NEAR_CHEAPEST)
+            return []
+        limit = self.cheapest.dollars_per_m_tokens * (1 + tie_band())
         near = [e for e in self.ranked if e.dollars_per_m_tokens <= limit]
-        return min(near, key=lambda e: (simplicity(e.layout), e.dollars_per_m_tokens))
+        return sorted(near, key=lambda e: (simplicity(e.layout), e.dollars_per_m_tokens))
+
+    @property
+    def recommended(self):
+        """The simplest layout that ties with the cheapest (the cheaper among equals)."""
+        return self.tied[0] if self.ranked else None
+
+    @property
+    def runner_up(self):
+        """The next in the decision's order: the second of the tie, or the cheapest other."""
+        tied = self.tied
+        if len(tied) > 1:
+            return tied[1]
+        return next((e for e in self.ranked if e is not self.recommended), None)
 
 
 def plan(work, cluster, advise=True, **choices):
@@ -100,7 +138,8 @@ def format_plan(p, top=8, out=None):
         least = p.smallest
         return "\n".join([head, f"Nothing fits: the layout needing least memory "
                                 f"({least.layout.describe()}) needs {least.memory / 1e9:.1f} GB a "
-                                f"GPU, more than {1 - HEADROOM:.0%} of {gpu.memory / 1e9:.0f} GB.",
+                                f"GPU, and with the margin a real GPU needs "
+                                f"({memory_line(least, gpu)}) that is more than it has.",
                           *(f"- {a}" for a in p.advice)])
     rows = [("layout", "GB/GPU", "step s", "bubble", "tokens/s", "MFU", "$/M tok",
              "simplicity")]
@@ -114,13 +153,62 @@ def format_plan(p, top=8, out=None):
     r = p.recommended
     low, high = cost_band(r)
     return "\n".join([head, f"{len(p.ranked)} layouts fit; the {min(top, len(p.ranked))} "
-                            "cheapest (bubble: the pipeline's idle share of the step, lesson "
-                            "06):", *lines,
-                      f"Recommended (simplest within {NEAR_CHEAPEST:.0%} of the cheapest): "
-                      f"{r.layout.describe()}, ${r.dollars_per_m_tokens:.3f} per million "
-                      f"tokens (${low:.3f} to ${high:.3f}: the planner's error on "
+                            "cheapest (GB/GPU: the tensors counted at the peak; bubble: the "
+                            "pipeline's idle share of the step, lesson 06):", *lines,
+                      f"Recommended: {r.layout.describe()}, ${r.dollars_per_m_tokens:.3f} per "
+                      f"million tokens (${low:.3f} to ${high:.3f}: the planner's error on "
                       f"{len(RUNS)} published runs), {r.mfu:.0%} MFU",
-                      f"({PRICE_CAVEAT})"])
+                      *why(p), f"({PRICE_CAVEAT})"])
+
+
+def memory_line(e, gpu):
+    """The memory of an Estimate with the margin a real GPU leaves (`margin.py`), in GB."""
+    parts = margin.margin_parts(gpu, e.layout, e.memory)
+    total = e.memory + sum(parts.values())
+    listed = " + ".join(f"{what} {b / 1e9:.1f}" for what, b in parts.items())
+    return (f"{e.memory / 1e9:.1f} GB counted + {listed} = {total / 1e9:.1f} of "
+            f"{gpu.memory / 1e9:.1f} GB")
+
+
+TERMS = {"compute (bubble included)": "compute_time", "tp all-reduces": "tp_time",
+         "cp gathers": "cp_time", "pp sends": "pp_time", "dp / ZeRO traffic": "dp_time",
+         "Adam's step": "optimizer_time"}
+
+
+def why(p):
+    """Lines that say why the recommendation beat the runner-up: tie or not, the techniques
+    each combines, the step-time term that differs most, and the memory with its margin."""
+    r, other = p.recommended, p.runner_up
+    gpu = p.cluster.gpu
+    lines = [f"  memory: {memory_line(r, gpu)} (margin: CUDA context, NCCL buffers, the "
+             "allocator's reserve; planner/margin.py)"]
+    if other is None:
+        return lines + ["  the only layout that fits"]
+    gap = other.dollars_per_m_tokens / r.dollars_per_m_tokens - 1
+    band = tie_band()
+    mine, theirs = techniques(r.layout), techniques(other.layout)
+    lines.append(f"  runner-up: {other.layout.describe()}, ${other.dollars_per_m_tokens:.3f} "
+                 f"({gap:+.1%})")
+    if abs(gap) <= band:
+        lines.append(f"  they tie: {abs(gap):.1%} apart, inside the planner's error of "
+                     f"{band:.0%}; " + _simpler(mine, theirs))
+    else:
+        lines.append(f"  it is cheaper by more than the planner's error ({band:.0%})")
+    name, attr = max(TERMS.items(), key=lambda kv: abs(getattr(other, kv[1]) -
+                                                       getattr(r, kv[1])))
+    a, b = getattr(r, attr), getattr(other, attr)
+    lines.append(f"  the term that differs most: {name}, {a:.3f} s against {b:.3f} s "
+                 f"({b - a:+.3f} s, {(b - a) / r.step_time:+.0%} of the recommended step)")
+    return lines
+
+
+def _simpler(mine, theirs):
+    if len(mine) == len(theirs):
+        return (f"equally simple ({len(mine)} technique{'s' * (len(mine) != 1)}), so the cheaper is taken, a choice "
+                "the planner cannot back")
+    extra = [t for t in theirs if t not in mine] or theirs
+    return (f"the simpler wins: {len(mine)} techniques against {len(theirs)} (the runner-up "
+            f"adds {', '.join(extra)})")
 
 
 def cost_band(e):

@@ -13,7 +13,7 @@ them up). Every term is a count of FLOPs or bytes over a rate the GPU or link ha
 
 from dlcourse.collectives.cost import predict_time
 from dlcourse.memory.calculator import spec_params
-from dlcourse.planner.activations import layer_activation_bytes
+from dlcourse.planner.activations import layer_activation_bytes, op_recomputed_linears
 
 BYTES = 2  # bf16 activations, parameters and gradients (mixed precision)
 ADAM_BYTES = 2 * 12 + 2 + 2  # read + write fp32 master, m, v; read bf16 grad; write bf16 param
@@ -28,9 +28,13 @@ def model_flops_per_token(spec, seq_len):
 def hardware_flops_per_token(spec, seq_len, recompute, attention="eager"):
     """The model's FLOPs plus what is computed twice: full recomputation, a whole forward (a
     third); selective (eager), the attention's forward, QK^T and PV (4 L h s); the fused
-    kernel's backward recomputes QK^T (2 L h s; Dao 2023, FlashAttention-2, Algorithm 2)."""
+    kernel's backward recomputes QK^T (2 L h s; Dao 2023, FlashAttention-2, Algorithm 2);
+    torchtitan's by-op policy ("op"), every other weight matmul of each layer
+    (`activations.op_recomputed_linears`: 2 x in x out a token each; torchtitan's
+    early_stop=False runs even the last one)."""
     lhs = spec.n_layers * spec.hidden * seq_len
     extra = {"none": 0, "selective": 4 * lhs,
+             "op": spec.n_layers * sum(2 * k * n for _, k, n, _ in op_recomputed_linears(spec)),
              "full": model_flops_per_token(spec, seq_len) / 3}[recompute]
     if attention == "fused" and recompute != "selective":
         extra += 2 * lhs
@@ -65,7 +69,7 @@ def elementwise_bytes(work, L):
     count is written in the forward, read in the backward, and its gradient written: 3 times
     the stored bytes without recomputation (4 with full recomputation's second forward)."""
     stored = layer_activations(work, L, recompute="none")
-    return stored * (4 if L.recompute == "full" else 3)
+    return stored * (4 if L.recompute in ("full", "op") else 3)  # "op" reruns the cheap ops
 
 
 def layer_activations(work, L, recompute=None):
@@ -92,7 +96,7 @@ def tp_time(work, L, cluster):
     """4 all-reduces of (micro-batch x s x h) per layer and micro-batch (2 forward, 2 backward;
     with sequence parallelism the same bytes as all-gathers + reduce-scatters), 6 with full
     recomputation; on the critical path."""
-    count = 6 if L.recompute == "full" else 4
+    count = 6 if L.recompute in ("full", "op") else 4  # "op" reruns the forward's two
     nbytes = L.micro_batch * work.seq_len // L.cp * work.model.hidden * BYTES
     alpha, bw = cluster.link(L.tp)
     layers = work.model.n_layers / L.pp
@@ -112,7 +116,7 @@ def cp_time(work, L, cluster):
     kv = 2 * L.micro_batch * work.seq_len * spec.kv_heads * (spec.hidden // spec.n_heads)
     nbytes = kv / L.tp * BYTES  # the whole sequence's K and V, as gathered on one rank
     alpha, bw = cluster.link(L.tp * L.cp)
-    gathers = 3 if L.recompute == "full" else 2
+    gathers = 3 if L.recompute in ("full", "op") else 2
     per_layer = (gathers * ring_time("all_gather", nbytes, L.cp, alpha, bw)
                  + ring_time("reduce_scatter", nbytes, L.cp, alpha, bw))
     return L.micro_batches * spec.n_layers / L.pp * per_layer

@@ -60,22 +60,23 @@ def loss_transient(work, L, one_layer_params):
 def layer_transient(work, L, one_layer_params):
     """Bytes beyond what is kept while one layer's backward runs."""
     rebuilt = 0.0
-    if L.recompute == "full":
+    if L.recompute in ("full", "op"):
         rebuilt = rebuilt_layer_bytes(work.model, work.seq_len // L.cp, L.micro_batch, tp=L.tp,
                                       sequence_parallel=L.sequence_parallel,
-                                      attention=work.attention, mlp=work.mlp)
+                                      attention=work.attention, mlp=work.mlp,
+                                      kept=L.recompute)
     resharded = L.zero_stage == 3 and L.reshard
     in_flight = ZERO3_BACKWARD_BYTES * one_layer_params if resharded else 0
     return rebuilt + in_flight
 
 
-def rebuilt_layer_bytes(spec, seq_len, micro_batch, **settings):
-    """Bytes full recomputation rebuilds for one layer's backward: what the layer saves without
-    recomputation less its input, the checkpoint already kept (`layer_activation_bytes`'s
-    settings: tp, sequence_parallel, attention, mlp, bytes)."""
+def rebuilt_layer_bytes(spec, seq_len, micro_batch, kept="full", **settings):
+    """Bytes recomputation rebuilds for one layer's backward: what the layer saves without
+    recomputation less what the policy `kept` ("full": its input; "op": torchtitan's by-op
+    rows) (`layer_activation_bytes`'s settings: tp, sequence_parallel, attention, mlp, bytes)."""
     def saved(recompute):
         return layer_activation_bytes(spec, seq_len, micro_batch, recompute=recompute, **settings)
-    return saved("none") - saved("full")
+    return max(saved("none") - saved(kept), 0.0)
 
 
 def transient_bytes(work, L, one_layer_params, holds_loss):

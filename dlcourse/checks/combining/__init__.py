@@ -9,6 +9,8 @@ the planner's arithmetic.
     check_best_layout(best_layout)            of three layouts: the cheapest one that fits
     check_first_stage_activation_bytes(...)   the first pipeline rank's activations, 1F1B and
                                               interleaved (`pipeline.py`)
+    check_broken_rules(broken_rules)          the rule book's rules a model and grid break,
+                                              graded by the runtime's own (`rules.py`)
 
 The grid checks are in `grid.py`, the model-state bytes and the planner's two in `plan.py`, the
 refusals in `refused.py`. Every check draws its cases afresh on each run (`core.fresh_cases`; a
@@ -26,7 +28,8 @@ from dlcourse.checks.combining.grid import (check_rank_coords, check_axis_groups
 from dlcourse.checks.combining.plan import (check_grid_state_bytes, check_cost_per_million_tokens,
                                             check_best_layout)
 from dlcourse.checks.combining.pipeline import check_first_stage_activation_bytes
+from dlcourse.checks.combining.rules import RULE_NAMES, check_broken_rules
 
 __all__ = ["check_rank_coords", "check_axis_groups", "check_step_collectives",
            "check_grid_state_bytes", "check_cost_per_million_tokens", "check_best_layout",
-           "check_first_stage_activation_bytes"]
+           "check_first_stage_activation_bytes", "check_broken_rules", "RULE_NAMES"]

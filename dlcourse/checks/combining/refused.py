@@ -2,7 +2,8 @@
 code runs, declared to the one engine (`core/answers.py`).
 
 The answers are the lesson's own code: every public function and class of the rank grid
-(`dlcourse.parallel.grid`: `RankGrid.coords`, `axis_ranks`, `axis_groups`, ...), of the combined
+(`dlcourse.parallel.grid`: `RankGrid.coords`, `axis_ranks`, `axis_groups`, ...), of its rule book
+(`dlcourse.parallel.rules`: `problems`, `RULES`, ...), of the combined
 strategies (`dlcourse.parallel.combine`), of the planner (`dlcourse.planner` and its modules:
 `estimate`, `memory_per_gpu`, `plan`, ...) and of lesson 06's schedules and their measures
 (`one_f_one_b`, `interleaved_1f1b`, `in_flight_peak`, ...); lesson 01's `model_state_bytes`;
@@ -13,7 +14,8 @@ references (`reference_bytes`, ...). Each is refused however it is reached.
 from dlcourse.checks.core.answers import Answers
 
 COMBINING = Answers(
-    packages=("dlcourse.parallel.grid", "dlcourse.parallel.combine", "dlcourse.planner",
+    packages=("dlcourse.parallel.grid", "dlcourse.parallel.rules", "dlcourse.parallel.combine",
+              "dlcourse.planner",
               "dlcourse.parallel.pipeline.measure", "dlcourse.parallel.pipeline.schedules"),
     torch=(("torch.distributed.device_mesh", "init_device_mesh"),
            ("torch.distributed.device_mesh", "DeviceMesh")),

@@ -227,6 +227,15 @@ HINTS = {
         "filter on bytes_per_gpu <= memory_budget, return None if nothing is left, else the "
         "name of the layout whose cost_per_million_tokens (bubble included) is least",
     ),
+    "broken_rules": (
+        "each rule is one division: which size must divide which?",
+        "heads over tp (K/V heads may also divide tp: replicated); layers over pp x v virtual "
+        "stages, only when v > 1; micro-batches at least pp, a multiple of pp when v > 1; the "
+        "sequence over 2 cp zig-zag chunks",
+        "collect a name for each failed test: n_heads % tp; kv % tp and tp % kv; pp > n_layers; "
+        "v > 1 and n_layers % (pp v); pp > 1 and m < pp; v > 1 and (pp == 1 or m % pp); "
+        "cp > 1 and seq_len % (2 cp)",
+    ),
     "first_stage_activation_bytes": (
         "a rank holds a micro-batch's activations from its forward until its backward",
         "1F1B: the first rank runs p - 1 warm-up forwards and one more before its first "
