@@ -1,4 +1,4 @@
-"""The Chinese edition (lessons and exercises 00-06 so far): catalogues, build, language.
+"""The Chinese edition (lessons and exercises 00-07 so far): catalogues, build, language.
 
 - `catalog.py`: one gettext `.po` catalogue per notebook, `zh/lessons/NN_topic.po` and
   `zh/exercises/NN_topic.po`, keyed by the English markdown cells and hint levels.
@@ -8,7 +8,7 @@
 After an English edit: `dlcourse translate update` (new cells come in untranslated, changed ones
 fuzzy with the old English beside them), translate those entries in the `.po` (Poedit, or any
 editor: fill `msgstr`, drop the `fuzzy` flag), then `dlcourse translate build`;
-`tests/test_i18n.py` names every lesson and cell still missing. A new notebook (lesson 07):
+`tests/test_i18n.py` names every lesson and cell still missing. A new notebook (as lesson 07 was):
 `dlcourse translate update lessons/07_combining.ipynb exercises/07_combining.ipynb` creates its
 catalogues; once they are translated, `dlcourse translate build` builds it and relinks the others.
 
