@@ -66,8 +66,22 @@ def test_the_library_never_imports_the_checks():
     for path in (ROOT / "dlcourse").rglob("*.py"):
         if "checks" in path.relative_to(ROOT / "dlcourse").parts:
             continue
+        if path == ROOT / "dlcourse" / "i18n" / "build.py":
+            continue  # the translator's build reads the hint tables into catalogues; no rank,
+            # check or graded kernel imports it (test_the_i18n_build_stays_a_tool says so)
         text = path.read_text(encoding="utf-8")
         assert "import dlcourse.checks" not in text and "from dlcourse.checks" not in text, path
+
+
+def test_the_i18n_build_stays_a_tool():
+    """The one library file allowed to read the checks (the hint tables) is the translation
+    build; only the command line (`dlcourse translate`, inside the command's function) may import
+    it, or the checks would come with the library."""
+    for path in (ROOT / "dlcourse").rglob("*.py"):
+        if path.name == "build.py" and path.parent.name == "i18n" or path.name == "cli.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert "i18n.build" not in text and "i18n import build" not in text, path
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)

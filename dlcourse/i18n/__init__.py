@@ -35,25 +35,12 @@ def language():
     return "zh" if Path.cwd().name == "zh" else "en"
 
 
-def hints_of(notebook):
-    """{exercise: English hint levels} for the exercises graded in `notebook` (none for a
-    lesson)."""
-    import nbformat
-
-    from dlcourse.checks.hints import HINTS
-    from dlcourse.grading.notebooks import grader_cells
-
-    if Path(notebook).parent.name != "exercises":
-        return {}
-    nb = nbformat.read(str(notebook), as_version=4)
-    return {g.exercise: HINTS[g.exercise] for g in grader_cells(nb) if g.exercise in HINTS}
-
-
 @functools.lru_cache(maxsize=None)
 def translated_hints(lang="zh"):
-    """{(exercise, level): text} from every exercise catalogue of `lang`: only entries that are
-    translated, not fuzzy, and whose English is today's (an English edit falls back to it)."""
-    from dlcourse.checks.hints import HINTS
+    """{(exercise, level): (English, translation)} from every exercise catalogue of `lang`: the
+    entries that are translated and not fuzzy. The English is kept beside each so that a caller
+    holding today's English can tell a stale entry (an English edit falls back to English); the
+    hint tables themselves stay in `dlcourse.checks.hints`, which the library never imports."""
     from dlcourse.i18n import catalog
 
     table = {}
@@ -62,11 +49,8 @@ def translated_hints(lang="zh"):
             parts = (entry.msgctxt or "").split()
             if len(parts) != 3 or parts[0] != "hint" or entry.obsolete:
                 continue
-            exercise, level = parts[1], int(parts[2])
-            levels = HINTS.get(exercise, ())
-            current = level <= len(levels) and entry.msgid == levels[level - 1]
-            if current and entry.msgstr.strip() and "fuzzy" not in entry.flags:
-                table[exercise, level] = entry.msgstr
+            if entry.msgstr.strip() and "fuzzy" not in entry.flags:
+                table[parts[1], int(parts[2])] = (entry.msgid, entry.msgstr)
     return table
 
 
@@ -74,17 +58,17 @@ def hint_text(exercise, level, english):
     """The hint in the current language, or `english` when it has no current translation."""
     if language() != "zh":
         return english
-    return translated_hints("zh").get((exercise, level), english)
+    source, chinese = translated_hints("zh").get((exercise, level), (None, None))
+    return chinese if source == english else english
 
 
 def stub_message(message):
     """A stub's "Hint: <level 1 of an exercise>" in the current language: in Chinese
-    "提示：<its translation>" when the hint is known and translated; anything else unchanged."""
+    "提示：<its translation>" when that first level has a current translation; anything else
+    unchanged."""
     if language() != "zh" or not message.startswith("Hint:"):
         return message
-    from dlcourse.checks.hints import HINTS
-
     english = message[len("Hint:"):].strip()
-    exercise = next((name for name, levels in HINTS.items() if levels[0] == english), None)
-    chinese = translated_hints("zh").get((exercise, 1)) if exercise else None
+    chinese = next((zh for (_, level), (source, zh) in translated_hints("zh").items()
+                    if level == 1 and source == english), None)
     return f"提示：{chinese}" if chinese else message

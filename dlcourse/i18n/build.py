@@ -15,7 +15,20 @@ from pathlib import Path
 
 import nbformat
 
-from dlcourse.i18n import catalog, hints_of
+from dlcourse.i18n import catalog
+
+
+def hints_of(notebook):
+    """{exercise: English hint levels} for the exercises graded in `notebook` (none for a
+    lesson). The one place the library reads the checks' hint tables: this build is a
+    translator's tool, run apart from any graded process (tests/test_exercises.py exempts it)."""
+    from dlcourse.checks.hints import HINTS
+    from dlcourse.grading.notebooks import grader_cells
+
+    if Path(notebook).parent.name != "exercises":
+        return {}
+    nb = nbformat.read(str(notebook), as_version=4)
+    return {g.exercise: HINTS[g.exercise] for g in grader_cells(nb) if g.exercise in HINTS}
 
 # [text](target) or [text](target "title"); images too. Absolute URLs and anchors stay.
 LINK = re.compile(r"(\]\()([^)\s]+)((?:\s+\"[^\"]*\")?\))")
