@@ -3,7 +3,8 @@ c10d store (the default group's, or a TCPStore of the student's) refuses to be u
 student's function runs (`refuse.no_store`); what is moved another way still (a file every
 rank can read) is caught by counting the bytes a correct answer must move: the exchange sends
 and receives its tensor through send/recv, the vocabulary-parallel loss all-reduces at least
-two numbers a token."""
+two numbers a token. Issue 36: under `dlcourse grade` a file is no channel at all, each rank
+having a /tmp and /dev/shm of its own (`dlcourse/grading/rank_sandbox.py`)."""
 
 import os
 import pickle
@@ -16,8 +17,12 @@ import torch
 import torch.distributed as dist
 
 from checking import first_line_and_hint
+from dlcourse import pickling
+from dlcourse.checks.context_parallel import check_seq_to_heads
+from dlcourse.checks.core import Submitted
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor_parallel import check_vocab_parallel_cross_entropy
+from dlcourse.grading import rank_sandbox
 
 SHARED = tempfile.mkdtemp(prefix="dlcourse-side-")  # a folder every rank can read
 
@@ -138,3 +143,51 @@ def test_the_vocabulary_parallel_loss_through_the_store_or_a_file_fails():
     assert "used the c10d store (Store.set)" in first, first
     first, _ = first_line_and_hint(check_vocab_parallel_cross_entropy, loss_channel(_by_file))
     assert "moved 0 bytes in 0 collectives, less than" in first, first
+
+
+# Issue 36: under `dlcourse grade` each rank has its own /tmp and /dev/shm, so a file one rank
+# writes is not there for another. The answer below moves the right bytes (zeros, through one
+# all-to-all), so no count catches it: only the sandbox can.
+
+FOLDERS = ("/tmp", "/dev/shm")
+
+
+def _take_from_either(name, end):
+    """A file of that name in /tmp or /dev/shm, waited for until `end`; None if it never comes."""
+    while time.monotonic() < end:
+        for folder in FOLDERS:
+            if os.path.exists(f"{folder}/{name}"):
+                time.sleep(0.05)  # written whole by then
+                return torch.load(f"{folder}/{name}")
+        time.sleep(0.01)
+    return None
+
+
+def seq_to_heads_through_files(x, group):
+    cp, me = dist.get_world_size(group), dist.get_rank(group)
+    name = f"dlcourse-leak-{os.environ['MASTER_PORT']}-{{}}.pt"  # one rendezvous port a launch
+    torch.save(x, f"{FOLDERS[me % 2]}/{name.format(me)}")
+    zeros = [torch.zeros_like(h).contiguous() for h in x.chunk(cp, dim=1)]
+    dist.all_to_all([torch.empty_like(z) for z in zeros], zeros, group=group)  # the bytes
+    end = time.monotonic() + 3.0  # well within the check's 10 s
+    shards = [_take_from_either(name.format(r), end) for r in range(cp)]
+    if any(s is None for s in shards):  # another rank's file never came
+        return torch.zeros_like(torch.cat([x] * cp, dim=2).chunk(cp, dim=1)[me])
+    return torch.cat(shards, dim=2).chunk(cp, dim=1)[me]
+
+
+def seq_to_heads(x, group):
+    cp = dist.get_world_size(group)
+    pieces = [h.contiguous() for h in x.chunk(cp, dim=1)]
+    received = [torch.empty_like(p) for p in pieces]
+    dist.all_to_all(received, pieces, group=group)
+    return torch.cat(received, dim=2)
+
+
+@pytest.mark.skipif(not rank_sandbox.works(), reason="no user namespaces here")
+def test_a_file_one_rank_writes_is_not_there_for_another_under_grading():
+    check_seq_to_heads(seq_to_heads_through_files)  # the notebook's self-check: one /tmp, passes
+    first, _ = first_line_and_hint(check_seq_to_heads, Submitted(
+        "seq_to_heads", pickling.dumps(seq_to_heads_through_files)))
+    assert first.startswith("seq_to_heads on ") and "values that are in no slot" in first, first
+    check_seq_to_heads(Submitted("seq_to_heads", pickling.dumps(seq_to_heads)))  # 2-5 ranks
