@@ -27,7 +27,7 @@ DEFAULT_TIMEOUT_S = 60.0  # a lesson cell's job runs in seconds; a deadlock show
 # 24.8 days. 24 days, less the process group's margin, stays below it.
 MAX_TIMEOUT_S = 24 * 24 * 3600.0 - worker.PROCESS_GROUP_MARGIN_S
 
-__all__ = ["launch", "launch_as_data", "PerRank", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S",
+__all__ = ["launch", "launch_as_data", "launch_watched", "PerRank", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S",
            "MAX_TIMEOUT_S"]
 
 
@@ -62,7 +62,7 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
 
 
 def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, hide=(),
-                   preload=(), **kwargs):
+                   preload=(), wire=None, **kwargs):
     """`launch` for ranks that run code you do not trust (`dlcourse grade`'s checks run a
     submission's functions this way): what each rank returns is turned into data in the rank
     (numpy numbers and arrays, Fractions as Python's: `returned.as_data`), saved with torch.save
@@ -74,7 +74,15 @@ def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIME
     `preload` and those the job's own objects need are imported
     (`dlcourse/grading/rank_sandbox.py`)."""
     return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=True,
-                   sandbox=(hide, preload))
+                   sandbox=(hide, preload), wire=wire)
+
+
+def launch_watched(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, wire=None,
+                   **kwargs):
+    """`launch`, calling `wire({rank: bytes received from the other ranks})` once every rank
+    has returned: counted by the kernel, outside the ranks (`supervise.run_ranks`). A check's
+    self-check measures what a student's ranks moved this way."""
+    return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=False, wire=wire)
 
 
 def _rank_sandbox(hide, preload):
@@ -87,7 +95,8 @@ def _rank_sandbox(hide, preload):
     return tuple(rank_sandbox.needed_paths()), tuple(hide), tuple(preload)
 
 
-def _launch(fn, args, kwargs, world_size, backend, timeout, as_data, sandbox=((), ())):
+def _launch(fn, args, kwargs, world_size, backend, timeout, as_data, sandbox=((), ()),
+            wire=None):
     _check_arguments(fn, world_size, backend, timeout, args, kwargs)
     if backends.in_launched_rank():
         return [_run_in_this_rank(fn, args, kwargs, world_size, backend, timeout)]
@@ -109,7 +118,7 @@ def _launch(fn, args, kwargs, world_size, backend, timeout, as_data, sandbox=(()
         for rank, payload in enumerate(payloads)
     ]
     try:
-        return supervise.run_ranks(_forkserver(), jobs, timeout)
+        return supervise.run_ranks(_forkserver(), jobs, timeout, wire)
     except KeyboardInterrupt:  # run_ranks has stopped every rank; the student needs no frames
         raise tracebacks.interrupted("launch interrupted; every rank was stopped") from None
     finally:

@@ -164,11 +164,16 @@ def _take_from_either(name, end):
 
 
 def seq_to_heads_through_files(x, group):
+    cp = dist.get_world_size(group)
+    zeros = [torch.zeros_like(h).contiguous() for h in x.chunk(cp, dim=1)]
+    dist.all_to_all([torch.empty_like(z) for z in zeros], zeros, group=group)  # the bytes
+    return _from_files(x, group)
+
+
+def _from_files(x, group):
     cp, me = dist.get_world_size(group), dist.get_rank(group)
     name = f"dlcourse-leak-{os.environ['MASTER_PORT']}-{{}}.pt"  # one rendezvous port a launch
     torch.save(x, f"{FOLDERS[me % 2]}/{name.format(me)}")
-    zeros = [torch.zeros_like(h).contiguous() for h in x.chunk(cp, dim=1)]
-    dist.all_to_all([torch.empty_like(z) for z in zeros], zeros, group=group)  # the bytes
     end = time.monotonic() + 3.0  # well within the check's 10 s
     shards = [_take_from_either(name.format(r), end) for r in range(cp)]
     if any(s is None for s in shards):  # another rank's file never came
@@ -191,3 +196,27 @@ def test_a_file_one_rank_writes_is_not_there_for_another_under_grading():
         "seq_to_heads", pickling.dumps(seq_to_heads_through_files)))
     assert first.startswith("seq_to_heads on ") and "values that are in no slot" in first, first
     check_seq_to_heads(Submitted("seq_to_heads", pickling.dumps(seq_to_heads)))  # 2-5 ranks
+
+
+# Issue 36: bounded from below too, and counted where the student's code cannot reach. The answer
+# below takes its tokens from files (one machine in the self-check: the file channel works) and
+# sends one element a rank, with its CommCounter's records faked to show a whole all-to-all.
+
+def seq_to_heads_by_file_and_a_token(x, group):
+    from dlcourse.collectives import counter
+    cp = dist.get_world_size(group)
+    real_exit = counter.CommCounter.__exit__
+
+    def faked(self, *exc):  # the records an honest all-to-all would leave
+        real_exit(self, *exc)
+        self.records[:] = [counter.CommRecord("all_to_all", x.numel() * x.element_size(), cp)]
+    counter.CommCounter.__exit__ = faked
+    token = [torch.zeros(1, dtype=x.dtype) for _ in range(cp)]
+    dist.all_to_all([torch.empty_like(t) for t in token], token, group=group)
+    return _from_files(x, group)
+
+
+def test_a_token_message_fails_on_the_bytes_counted_outside_the_ranks():
+    first, _ = first_line_and_hint(check_seq_to_heads, seq_to_heads_by_file_and_a_token)
+    assert "bytes from the other ranks (counted on its connections, outside its process)" \
+        in first, first

@@ -9,7 +9,6 @@ import functools
 
 import torch
 
-import dlcourse
 from dlcourse import pickling, returned
 from dlcourse.checks.core.audit import student_runs
 from dlcourse.checks.core.expect import CheckFailed, expect_callable
@@ -18,7 +17,7 @@ from dlcourse.checks.core.refuse import ForbiddenCall, Refused, forbidden, no_st
 from dlcourse.checks.core.stubs import (NotWritten, is_stub_text, not_written, stub_message,
                                        stub_raising)
 from dlcourse.errors import RankError, RankTimeout
-from dlcourse.launcher import PerRank, launch_as_data
+from dlcourse.launcher import PerRank, launch_as_data, launch_watched
 
 # A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
 # torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
@@ -34,7 +33,7 @@ COLLECTIVES = (
 
 
 def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why_forbidden="",
-                 hang_hint="", harness=None, guard=None, timeout=CHECK_TIMEOUT_S):
+                 hang_hint="", harness=None, guard=None, timeout=CHECK_TIMEOUT_S, receives=None):
     """Run `fn(*rank_args[rank])` on every rank; return [(value, args_after)] in rank order.
 
     `where` names the case in messages (default: the exercise); `hint` follows a rank's error,
@@ -45,6 +44,9 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     module-level function of the check's that builds what the student's function works on, calls
     `student(...)` (the student's function, inside the guards) and returns what the check
     compares. For a class (an autograd Function), `with student.guarded(): student.fn.apply(...)`.
+    `receives`, if given, is the fewest bytes each rank must receive from the others: counted
+    by the kernel on the ranks' connections, outside them (`grading/wire.py`), so what a rank's
+    own counter says cannot change it; a rank that received less fails.
     """
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
     expect_callable(fn, exercise)
@@ -57,12 +59,14 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     # A submission's function (`dlcourse grade`) may have changed anything in its ranks: what
     # they send back is read as data only, never unpickled as objects here.
     # Its ranks import the exercise's answers, then cannot read their files (`_hidden`).
-    start = functools.partial(launch_as_data, **_hidden(guard)) if submitted else dlcourse.launch
+    measured = {}
+    start = functools.partial(launch_as_data, **_hidden(guard)) if submitted else launch_watched
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
         # each rank gets its own arguments only: none can read another's (or the whole)
-        return start(_in_rank, student, PerRank(rank_args), harness, submitted,
-                     world_size=world_size, backend="gloo", timeout=timeout)
+        outcomes = start(_in_rank, student, PerRank(rank_args), harness, submitted,
+                         world_size=world_size, backend="gloo", timeout=timeout,
+                         wire=measured.update if receives is not None else None)
     except RankTimeout as error:
         raise CheckFailed(
             f"{where or exercise}: did not finish within {timeout:g} s on {world_size} ranks "
@@ -73,6 +77,18 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
         ) from None
     except RankError as error:
         raise CheckFailed(_explain(exercise, where or exercise, hint, error)) from None
+    _expect_received(measured, receives, where or exercise, hint)
+    return outcomes
+
+
+def _expect_received(measured, receives, where, hint):
+    """Each rank received at least `receives[rank]` bytes (where the kernel's count was read)."""
+    for rank, least in enumerate(receives or []):
+        if rank in measured and measured[rank] < least:
+            raise CheckFailed(f"{where}: rank {rank} received {measured[rank]} bytes from the "
+                              f"other ranks (counted on its connections, outside its process), "
+                              f"where this exercise must bring it at least {least}"
+                              + (f"\nHint: {hint}" if hint else ""))
 
 
 def _hidden(guard, *args):
