@@ -27,7 +27,8 @@ DEFAULT_TIMEOUT_S = 60.0  # a lesson cell's job runs in seconds; a deadlock show
 # 24.8 days. 24 days, less the process group's margin, stays below it.
 MAX_TIMEOUT_S = 24 * 24 * 3600.0 - worker.PROCESS_GROUP_MARGIN_S
 
-__all__ = ["launch", "launch_as_data", "launch_watched", "PerRank", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S",
+__all__ = ["launch", "launch_as_data", "launch_watched", "PerRank", "RankError", "RankTimeout",
+           "DEFAULT_TIMEOUT_S",
            "MAX_TIMEOUT_S"]
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from checking import first_line_and_hint
 from dlcourse import pickling
 from dlcourse.checks.context_parallel import check_seq_to_heads
-from dlcourse.checks.core import Submitted
+from dlcourse.checks.core import Submitted, run_on_ranks
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor_parallel import check_vocab_parallel_cross_entropy
 from dlcourse.grading import rank_sandbox
@@ -198,25 +198,60 @@ def test_a_file_one_rank_writes_is_not_there_for_another_under_grading():
     check_seq_to_heads(Submitted("seq_to_heads", pickling.dumps(seq_to_heads)))  # 2-5 ranks
 
 
-# Issue 36: bounded from below too, and counted where the student's code cannot reach. The answer
-# below takes its tokens from files (one machine in the self-check: the file channel works) and
-# sends one element a rank, with its CommCounter's records faked to show a whole all-to-all.
+# Issue 36: bounded from below too, and counted where the student's code cannot reach. A rank
+# must pass its 4 KiB block on to the next; the answer below takes it from a file instead (one
+# machine in the self-check: the file channel works), sends one element, and fakes its
+# CommCounter's records to show the whole block sent. The kernel's count of what each rank
+# received (`run_on_ranks(receives=)`, `dlcourse/grading/wire.py`) is not the rank's to change.
 
-def seq_to_heads_by_file_and_a_token(x, group):
+def _pass_on(student, block):
+    from dlcourse.collectives.counter import CommCounter
+    with CommCounter() as comm:
+        got = student(block)
+    return got, sum(r.nbytes for r in comm.records)
+
+
+def pass_on(block):
+    me, world = dist.get_rank(), dist.get_world_size()
+    got = torch.empty_like(block)
+    ops = [dist.P2POp(dist.isend, block, (me + 1) % world),
+           dist.P2POp(dist.irecv, got, (me - 1) % world)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return got
+
+
+def pass_on_by_file_and_a_token(block):
     from dlcourse.collectives import counter
-    cp = dist.get_world_size(group)
+    me, world = dist.get_rank(), dist.get_world_size()
     real_exit = counter.CommCounter.__exit__
 
-    def faked(self, *exc):  # the records an honest all-to-all would leave
+    def faked(self, *exc):  # the records an honest send would leave
         real_exit(self, *exc)
-        self.records[:] = [counter.CommRecord("all_to_all", x.numel() * x.element_size(), cp)]
+        nbytes = block.numel() * block.element_size()
+        self.records[:] = [counter.CommRecord("send", nbytes, 2),
+                           counter.CommRecord("recv", nbytes, 2)]
     counter.CommCounter.__exit__ = faked
-    token = [torch.zeros(1, dtype=x.dtype) for _ in range(cp)]
-    dist.all_to_all([torch.empty_like(t) for t in token], token, group=group)
-    return _from_files(x, group)
+    got = pass_on(block[:1].clone())  # a token
+    name = f"dlcourse-block-{os.environ['MASTER_PORT']}-{{}}.pt"
+    torch.save(block, f"/tmp/{name.format(me)}")
+    end = time.monotonic() + 3.0
+    while not os.path.exists(f"/tmp/{name.format((me - 1) % world)}") and time.monotonic() < end:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    return torch.load(f"/tmp/{name.format((me - 1) % world)}") if got is not None else None
 
 
-def test_a_token_message_fails_on_the_bytes_counted_outside_the_ranks():
-    first, _ = first_line_and_hint(check_seq_to_heads, seq_to_heads_by_file_and_a_token)
-    assert "bytes from the other ranks (counted on its connections, outside its process)" \
-        in first, first
+def _run_pass_on(fn, world=3):
+    blocks = [torch.full((1024,), float(r)) for r in range(world)]  # 4 KiB each
+    must = [blocks[0].numel() * blocks[0].element_size()] * world
+    return run_on_ranks(fn, [(b,) for b in blocks], exercise="pass_on", harness=_pass_on,
+                        receives=must)
+
+
+def test_a_token_message_with_a_faked_counter_fails_on_the_bytes_counted_outside():
+    for rank, ((got, counted), _) in enumerate(_run_pass_on(pass_on)):  # honest: passes
+        assert torch.equal(got, torch.full((1024,), float((rank - 1) % 3)))
+        assert counted == 2 * 4096  # sent and received
+    first, _ = first_line_and_hint(_run_pass_on, pass_on_by_file_and_a_token)
+    assert first.startswith("pass_on: rank 0 received ") and "at least 4096" in first, first

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000  # <linux/sched.h>
+_PR_SET_DUMPABLE = 4  # <linux/prctl.h>
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32  # <linux/mount.h>
 _MS_BIND, _MS_MOVE, _MS_REC, _MS_PRIVATE, _MS_RELATIME = 4096, 8192, 16384, 1 << 18, 1 << 21
 # statvfs's flags that are also mount's (same bits): noexec, noatime, nodiratime
@@ -65,6 +66,9 @@ def enter(bound_back, hide=()):
             _bind_read_only(libc, unreadable, Path(path))
     _own_proc(libc, proc, pid)
     os.chdir("/tmp")
+    # Linux made the process undumpable when it changed user namespace: its launcher could no
+    # longer tell its sockets apart (`wire.py`). No other rank can see it in its /proc.
+    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
 def _under_private(paths, cwd):

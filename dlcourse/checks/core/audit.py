@@ -8,10 +8,13 @@ of those acts. So, while a frame of `student_runs` is on any thread's stack (the
 function, or its unpickling, is running), this hook refuses:
 - every `ctypes` event (loading a library, finding a symbol, reading or writing memory);
 - `sys.setprofile` (from Python, from C through `PyEval_SetProfile`, or cProfile's);
+- a socket of its own (an abstract UNIX socket or a TCP connection between ranks carries data
+  past every count) and a new process (which no audit hook watches);
 - making a function of a refused original's very code object, or giving it to a function (an
   original found through `gc`); exec'ing code that is, or holds, a copy of one under the same
-  qualified name (the library file's text compiled and exec'd). A function rebuilt from code equal to an original's is left
-  to `copies.py`: the student's own one-line method may be written as the lesson wrote it.
+  qualified name (the library file's text compiled and exec'd). A function rebuilt from code
+  equal to an original's is left to `copies.py`: the student's own one-line method may be
+  written as the lesson wrote it.
 What decides is the call stack, which the student's code cannot pop, and the hook's own
 defaults, which it refuses to let anyone change; it reads no global and no builtin.
 """
@@ -38,8 +41,10 @@ def _hook(event, args, mark=student_runs.__code__, frames=sys._current_frames,
             if args[0].__class__ is function_type and args[0].__code__ is protected:
                 raise refusal(f"changed {args[1]} of the checks' audit hook")
     if not event.startswith("ctypes.") and event not in ("sys.setprofile", "exec",
-                                                         "function.__new__",
-                                                         "object.__setattr__"):
+                                                         "function.__new__", "object.__setattr__",
+                                                         "socket.__new__", "subprocess.Popen",
+                                                         "os.system", "os.exec", "os.posix_spawn",
+                                                         "os.fork"):
         return
     originals = None
     for frame in frames().values():  # armed where a frame of `student_runs` is on a stack
@@ -52,6 +57,9 @@ def _hook(event, args, mark=student_runs.__code__, frames=sys._current_frames,
     if event.startswith("ctypes.") or event == "sys.setprofile":
         raise refusal(f"used {event}, which no exercise allows: the check watches the calls "
                       "your code makes, and ctypes could switch that off")
+    if not event.startswith(("exec", "function.", "object.")):
+        raise refusal(f"used {event}, which no exercise allows: ranks talk through "
+                      "torch.distributed, and a socket or a process of your own would not")
     if event != "exec":  # a function made of, or given, an original's very code (from gc)
         code = args[2] if event == "object.__setattr__" else args[0]
         for original, message in originals:
