@@ -27,7 +27,8 @@ DEFAULT_TIMEOUT_S = 60.0  # a lesson cell's job runs in seconds; a deadlock show
 # 24.8 days. 24 days, less the process group's margin, stays below it.
 MAX_TIMEOUT_S = 24 * 24 * 3600.0 - worker.PROCESS_GROUP_MARGIN_S
 
-__all__ = ["launch", "launch_as_data", "PerRank", "RankError", "RankTimeout", "DEFAULT_TIMEOUT_S",
+__all__ = ["launch", "launch_as_data", "launch_watched", "PerRank", "RankError", "RankTimeout",
+           "DEFAULT_TIMEOUT_S",
            "MAX_TIMEOUT_S"]
 
 
@@ -61,18 +62,42 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
     return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=False)
 
 
-def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, **kwargs):
+def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, hide=(),
+                   preload=(), wire=None, **kwargs):
     """`launch` for ranks that run code you do not trust (`dlcourse grade`'s checks run a
     submission's functions this way): what each rank returns is turned into data in the rank
     (numpy numbers and arrays, Fractions as Python's: `returned.as_data`), saved with torch.save
     and read back with torch.load(weights_only=True), which builds tensors, numbers, strings and
     lists, tuples, dicts and sets of them and nothing else; a rank's report of how it ended is
     read by an unpickler that builds only a `RankOutcome`. No object a rank chose is ever
-    unpickled here."""
-    return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=True)
+    unpickled here. Where Linux allows, each rank runs in a sandbox of its own: no file one rank
+    writes is seen by another, and the files in `hide` cannot be read, once the modules named in
+    `preload` and those the job's own objects need are imported
+    (`dlcourse/grading/rank_sandbox.py`)."""
+    return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=True,
+                   sandbox=(hide, preload), wire=wire)
 
 
-def _launch(fn, args, kwargs, world_size, backend, timeout, as_data):
+def launch_watched(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, wire=None,
+                   **kwargs):
+    """`launch`, calling `wire({rank: bytes received from the other ranks})` once every rank
+    has returned: counted by the kernel, outside the ranks (`supervise.run_ranks`). A check's
+    self-check measures what a student's ranks moved this way."""
+    return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=False, wire=wire)
+
+
+def _rank_sandbox(hide, preload):
+    """What each rank of `launch_as_data` needs for a sandbox of its own (a private /tmp and
+    /dev/shm, its own /proc, `hide` unreadable once `preload` is imported:
+    `dlcourse/grading/rank_sandbox.py`), or None where this machine cannot make one."""
+    from dlcourse.grading import rank_sandbox
+    if not rank_sandbox.works():
+        return None
+    return tuple(rank_sandbox.needed_paths()), tuple(hide), tuple(preload)
+
+
+def _launch(fn, args, kwargs, world_size, backend, timeout, as_data, sandbox=((), ()),
+            wire=None):
     _check_arguments(fn, world_size, backend, timeout, args, kwargs)
     if backends.in_launched_rank():
         return [_run_in_this_rank(fn, args, kwargs, world_size, backend, timeout)]
@@ -87,13 +112,14 @@ def _launch(fn, args, kwargs, world_size, backend, timeout, as_data):
     threads = max(1, cpu_cores() // world_size)
     sources = _cell_sources()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    sandbox = _rank_sandbox(*sandbox) if as_data else None
     jobs = [
         worker.RankJob(rank, world_size, backend, threads, store.port, timeout, payload, sources,
-                       as_data)
+                       as_data, sandbox)
         for rank, payload in enumerate(payloads)
     ]
     try:
-        return supervise.run_ranks(_forkserver(), jobs, timeout)
+        return supervise.run_ranks(_forkserver(), jobs, timeout, wire)
     except KeyboardInterrupt:  # run_ranks has stopped every rank; the student needs no frames
         raise tracebacks.interrupted("launch interrupted; every rank was stopped") from None
     finally:

@@ -43,8 +43,11 @@ class Rank:
         self.as_data = False  # its messages are read as data only (`worker.RankJob.as_data`)
 
 
-def run_ranks(ctx, jobs, timeout):
+def run_ranks(ctx, jobs, timeout, wire=None):
     """Run every `worker.RankJob` in its own process; return the values in rank order.
+    `wire`, if given, is called once every rank has returned, while their connections are still
+    open, with {rank: bytes it received from the other ranks}, counted by the kernel
+    (`dlcourse/grading/wire.py`; {} where it cannot be read).
 
     `timeout` counts from when every rank has joined the process group: the first launch in a
     process also waits for the forkserver to import torch, and a loaded machine may take seconds
@@ -63,6 +66,8 @@ def run_ranks(ctx, jobs, timeout):
             _pump(sel, until=lambda: _stop_time(ranks, _deadline(ranks, started, timeout)),
                   done=lambda: _all_reported(ranks))
             if all(r.outcome and r.outcome.state == errors.RETURNED for r in ranks):
+                if wire is not None:
+                    wire(_received(ranks))
                 os.close(lifeline_w)  # releases the ranks: they leave the group and exit
                 lifeline_w = None
                 _drain(sel, EXIT_WAIT_S)
@@ -77,6 +82,13 @@ def run_ranks(ctx, jobs, timeout):
                 os.close(fd)
         for r in ranks:
             _close(r)
+
+
+def _received(ranks):
+    """{rank: bytes received from the other ranks}, read by the kernel's counters; {} if none."""
+    from dlcourse.grading import wire
+    counts = wire.received({r.process.pid for r in ranks})
+    return {r.rank: counts[r.process.pid] for r in ranks} if counts is not None else {}
 
 
 def _start(ctx, job, lifeline_r):

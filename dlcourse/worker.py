@@ -7,6 +7,7 @@ group, runs the function, and sends back one message: its return value or how it
 
 import ctypes
 import faulthandler
+import importlib
 import linecache
 import multiprocessing
 import os
@@ -44,6 +45,10 @@ class RankJob:
     payload: bytes  # cloudpickle of (fn, args, kwargs)
     sources: dict  # linecache entries of notebook cells, for readable tracebacks
     as_data: bool = False  # send the result with torch.save, for a parent that reads only data
+    # (paths bound back, files hidden, modules imported first) for a rank in a sandbox of its
+    # own, or None
+    # (`dlcourse/grading/rank_sandbox.py`)
+    sandbox: tuple = None
 
 
 class InheritedFd:
@@ -67,6 +72,8 @@ def _detach(dup):
 def main(job, output, results, lifeline):
     """Entry point of one rank. `output` and `lifeline` arrive as plain integers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when ranks stop
+    if job.sandbox is not None and not _sandboxed(job, results):
+        return
     _tie_to_launch()
     _send_output_to(output)
     lifeline = Lifeline(lifeline)
@@ -92,6 +99,22 @@ def main(job, output, results, lifeline):
     lifeline.released.wait()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _sandboxed(job, results):
+    """Enter the rank's own sandbox (first, while this process has one thread); False, the
+    failure reported to the parent, where it cannot be made."""
+    from dlcourse.grading import rank_sandbox
+    bound_back, hide, preload = job.sandbox
+    try:
+        for name in preload:  # the answers' modules, imported before their files are hidden
+            importlib.import_module(name)
+        pickling.loads(job.payload)  # and the modules the job's own objects come from
+        rank_sandbox.enter(bound_back, hide)
+        return True
+    except Exception as error:
+        results.send_bytes(pickle.dumps((_describe(error, job.rank), None)))
+        return False
 
 
 def _tie_to_launch():

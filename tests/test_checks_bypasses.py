@@ -3,14 +3,20 @@ the library's answer reached through an alias held elsewhere, a default argument
 function object, another library function that computes the same thing, and a collective issued
 through the process group's own methods. Each must be refused like the plain call."""
 
+import sys
 import types
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
 
 import dlcourse.memory
-from dlcourse.checks.core import CheckFailed
+from checking import first_line_and_hint
+from dlcourse import pickling
+from dlcourse.checks.context_parallel import check_seq_to_heads
+from dlcourse.checks.core import CheckFailed, Submitted
+from dlcourse.checks.debugging import check_name_the_bug
 from dlcourse.checks.data_parallel import check_broadcast_parameters, check_make_buckets
 from dlcourse.checks.launch import check_sum_to_rank0
 from dlcourse.checks.memory import check_count_params, check_zero_model_state
@@ -18,6 +24,8 @@ from dlcourse.memory import model_state_bytes
 from dlcourse.memory.calculator import ModelSpec, spec_params
 from dlcourse.parallel.data.buckets import make_buckets as library_make_buckets
 from dlcourse.parallel.data.steps import broadcast_parameters as library_broadcast
+from dlcourse.grading import rank_sandbox
+from dlcourse.parallel.context import ulysses
 
 TOOLS = {"state": model_state_bytes}  # an alias the name-based refusal never looked into
 COPY = types.FunctionType(model_state_bytes.__code__, model_state_bytes.__globals__,
@@ -185,3 +193,85 @@ def test_a_function_listed_twice_is_given_back_its_own_code():
     with replaced([], [(model_state_bytes, stand_in), (model_state_bytes, stand_in)]):
         assert model_state_bytes.__code__ is not code
     assert model_state_bytes.__code__ is code
+
+
+# Issue 36: a copy of the library's file read and exec'd. In the notebook's self-check the copy is
+# refused when called (and with the refusing hook switched off it ran, the known bypass); under
+# `dlcourse grade` a rank cannot read the files of the exercise's answers, so there is nothing
+# to copy (`Answers.hidden`, `dlcourse/grading/rank_sandbox.py`).
+
+def seq_to_heads_from_the_file(x, group):
+    import dlcourse.parallel.context.ulysses as library
+    namespace = {"__name__": "copy"}
+    with open(library.__file__) as f:
+        exec(compile(f.read(), "copy.py", "exec"), namespace)
+    return namespace["_seq_to_heads"](x, group)
+
+
+@pytest.mark.skipif(not rank_sandbox.works(), reason="no user namespaces here")
+def test_an_execd_copy_of_the_answer_finds_no_file_to_read_under_grading():
+    with pytest.raises(CheckFailed) as failed:
+        check_seq_to_heads(Submitted("seq_to_heads", pickling.dumps(seq_to_heads_from_the_file)))
+    first = str(failed.value).splitlines()[0]
+    assert first.endswith(f"PermissionError: [Errno 13] Permission denied: '{ulysses.__file__}'"), \
+        first
+
+
+# Issue 36: the copy-refusing profile hook switched off, or the original's code found in memory,
+# in the notebook's own self-check too: an audit hook (`core/audit.py`), which cannot be removed,
+# refuses ctypes, sys.setprofile and a function made of a refused original's code while the
+# student's function runs. Before it, each of these passed the check.
+
+def _execd_copy():
+    import dlcourse.memory.accounting as library
+    namespace = {"__name__": "copy"}
+    with open(library.__file__) as f:
+        exec(compile(f.read(), "copy.py", "exec"), namespace)
+    return namespace["model_state_bytes"]
+
+
+def zero_with_ctypes_then_a_copy(n_params, dp, zero_stage, mixed_precision):
+    import ctypes
+    ctypes.pythonapi.PyEval_SetProfile(None, None)
+    return _as_dict(_execd_copy()(n_params, dp=dp, zero_stage=zero_stage,
+                                  mixed_precision=mixed_precision))
+
+
+def zero_with_cprofile_then_a_copy(n_params, dp, zero_stage, mixed_precision):
+    import cProfile
+    cProfile.Profile().enable()  # its profiler replaces the check's
+    return _as_dict(_execd_copy()(n_params, dp=dp, zero_stage=zero_stage,
+                                  mixed_precision=mixed_precision))
+
+
+def zero_from_the_code_found_in_memory(n_params, dp, zero_stage, mixed_precision):
+    import gc
+    code = next(o for o in gc.get_objects() if isinstance(o, tuple) and len(o) == 2
+                and isinstance(o[0], types.CodeType) and o[0].co_name == "model_state_bytes")[0]
+    original = types.FunctionType(code, dlcourse.memory.accounting.__dict__)
+    return _as_dict(original(n_params, dp=dp, zero_stage=zero_stage,
+                             mixed_precision=mixed_precision))
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (zero_with_ctypes_then_a_copy, "used ctypes.dlsym, which no exercise allows"),
+    (zero_with_cprofile_then_a_copy, "used sys.setprofile, which no exercise allows"),
+    (zero_from_the_code_found_in_memory, "called model_state_bytes from dlcourse.memory")])
+def test_switching_the_refusal_off_is_refused_in_the_self_check_too(wrong, says):
+    with pytest.raises(CheckFailed, match=says):
+        check_zero_model_state(wrong)
+    assert sys.getprofile() is None  # the check's own hook put back as it was
+    assert model_state_bytes(10, dp=2, zero_stage=3).params == 10
+
+
+# Issue 36: name_the_bug read from rank 0's traces only passed whenever the draw lacked the bug
+# that parts first on rank 1 (about 6 runs in 10); every draw has it now, so a fresh draw fails.
+
+def test_naming_the_bug_from_rank_0_alone_fails_on_every_draw():
+    import test_checks_debugging_naming as naming_tests
+    cloudpickle.register_pickle_by_value(naming_tests)  # as conftest does for this module
+    try:
+        first, _ = first_line_and_hint(check_name_the_bug, naming_tests.rank_zero_only)
+    finally:
+        cloudpickle.unregister_pickle_by_value(naming_tests)
+    assert "rank 0's first place, but rank 1 parts earlier" in first, first  # a fresh draw

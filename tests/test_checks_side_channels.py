@@ -3,7 +3,8 @@ c10d store (the default group's, or a TCPStore of the student's) refuses to be u
 student's function runs (`refuse.no_store`); what is moved another way still (a file every
 rank can read) is caught by counting the bytes a correct answer must move: the exchange sends
 and receives its tensor through send/recv, the vocabulary-parallel loss all-reduces at least
-two numbers a token."""
+two numbers a token. Issue 36: under `dlcourse grade` a file is no channel at all, each rank
+having a /tmp and /dev/shm of its own (`dlcourse/grading/rank_sandbox.py`)."""
 
 import os
 import pickle
@@ -16,8 +17,12 @@ import torch
 import torch.distributed as dist
 
 from checking import first_line_and_hint
+from dlcourse import pickling
+from dlcourse.checks.context_parallel import check_seq_to_heads
+from dlcourse.checks.core import Submitted, run_on_ranks
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor_parallel import check_vocab_parallel_cross_entropy
+from dlcourse.grading import rank_sandbox
 
 SHARED = tempfile.mkdtemp(prefix="dlcourse-side-")  # a folder every rank can read
 
@@ -138,3 +143,115 @@ def test_the_vocabulary_parallel_loss_through_the_store_or_a_file_fails():
     assert "used the c10d store (Store.set)" in first, first
     first, _ = first_line_and_hint(check_vocab_parallel_cross_entropy, loss_channel(_by_file))
     assert "moved 0 bytes in 0 collectives, less than" in first, first
+
+
+# Issue 36: under `dlcourse grade` each rank has its own /tmp and /dev/shm, so a file one rank
+# writes is not there for another. The answer below moves the right bytes (zeros, through one
+# all-to-all), so no count catches it: only the sandbox can.
+
+FOLDERS = ("/tmp", "/dev/shm")
+
+
+def _take_from_either(name, end):
+    """A file of that name in /tmp or /dev/shm, waited for until `end`; None if it never comes."""
+    while time.monotonic() < end:
+        for folder in FOLDERS:
+            if os.path.exists(f"{folder}/{name}"):
+                time.sleep(0.05)  # written whole by then
+                return torch.load(f"{folder}/{name}")
+        time.sleep(0.01)
+    return None
+
+
+def seq_to_heads_through_files(x, group):
+    cp = dist.get_world_size(group)
+    zeros = [torch.zeros_like(h).contiguous() for h in x.chunk(cp, dim=1)]
+    dist.all_to_all([torch.empty_like(z) for z in zeros], zeros, group=group)  # the bytes
+    return _from_files(x, group)
+
+
+def _from_files(x, group):
+    cp, me = dist.get_world_size(group), dist.get_rank(group)
+    name = f"dlcourse-leak-{os.environ['MASTER_PORT']}-{{}}.pt"  # one rendezvous port a launch
+    torch.save(x, f"{FOLDERS[me % 2]}/{name.format(me)}")
+    end = time.monotonic() + 3.0  # well within the check's 10 s
+    shards = [_take_from_either(name.format(r), end) for r in range(cp)]
+    if any(s is None for s in shards):  # another rank's file never came
+        return torch.zeros_like(torch.cat([x] * cp, dim=2).chunk(cp, dim=1)[me])
+    return torch.cat(shards, dim=2).chunk(cp, dim=1)[me]
+
+
+def seq_to_heads(x, group):
+    cp = dist.get_world_size(group)
+    pieces = [h.contiguous() for h in x.chunk(cp, dim=1)]
+    received = [torch.empty_like(p) for p in pieces]
+    dist.all_to_all(received, pieces, group=group)
+    return torch.cat(received, dim=2)
+
+
+@pytest.mark.skipif(not rank_sandbox.works(), reason="no user namespaces here")
+def test_a_file_one_rank_writes_is_not_there_for_another_under_grading():
+    check_seq_to_heads(seq_to_heads_through_files)  # the notebook's self-check: one /tmp, passes
+    first, _ = first_line_and_hint(check_seq_to_heads, Submitted(
+        "seq_to_heads", pickling.dumps(seq_to_heads_through_files)))
+    assert first.startswith("seq_to_heads on ") and "values that are in no slot" in first, first
+    check_seq_to_heads(Submitted("seq_to_heads", pickling.dumps(seq_to_heads)))  # 2-5 ranks
+
+
+# Issue 36: bounded from below too, and counted where the student's code cannot reach. A rank
+# must pass its 4 KiB block on to the next; the answer below takes it from a file instead (one
+# machine in the self-check: the file channel works), sends one element, and fakes its
+# CommCounter's records to show the whole block sent. The kernel's count of what each rank
+# received (`run_on_ranks(receives=)`, `dlcourse/grading/wire.py`) is not the rank's to change.
+
+def _pass_on(student, block):
+    from dlcourse.collectives.counter import CommCounter
+    with CommCounter() as comm:
+        got = student(block)
+    return got, sum(r.nbytes for r in comm.records)
+
+
+def pass_on(block):
+    me, world = dist.get_rank(), dist.get_world_size()
+    got = torch.empty_like(block)
+    ops = [dist.P2POp(dist.isend, block, (me + 1) % world),
+           dist.P2POp(dist.irecv, got, (me - 1) % world)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return got
+
+
+def pass_on_by_file_and_a_token(block):
+    from dlcourse.collectives import counter
+    me, world = dist.get_rank(), dist.get_world_size()
+    real_exit = counter.CommCounter.__exit__
+
+    def faked(self, *exc):  # the records an honest send would leave
+        real_exit(self, *exc)
+        nbytes = block.numel() * block.element_size()
+        self.records[:] = [counter.CommRecord("send", nbytes, 2),
+                           counter.CommRecord("recv", nbytes, 2)]
+    counter.CommCounter.__exit__ = faked
+    got = pass_on(block[:1].clone())  # a token
+    name = f"dlcourse-block-{os.environ['MASTER_PORT']}-{{}}.pt"
+    torch.save(block, f"/tmp/{name.format(me)}")
+    end = time.monotonic() + 3.0
+    while not os.path.exists(f"/tmp/{name.format((me - 1) % world)}") and time.monotonic() < end:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    return torch.load(f"/tmp/{name.format((me - 1) % world)}") if got is not None else None
+
+
+def _run_pass_on(fn, world=3):
+    blocks = [torch.full((1024,), float(r)) for r in range(world)]  # 4 KiB each
+    must = [blocks[0].numel() * blocks[0].element_size()] * world
+    return run_on_ranks(fn, [(b,) for b in blocks], exercise="pass_on", harness=_pass_on,
+                        receives=must)
+
+
+def test_a_token_message_with_a_faked_counter_fails_on_the_bytes_counted_outside():
+    for rank, ((got, counted), _) in enumerate(_run_pass_on(pass_on)):  # honest: passes
+        assert torch.equal(got, torch.full((1024,), float((rank - 1) % 3)))
+        assert counted == 2 * 4096  # sent and received
+    first, _ = first_line_and_hint(_run_pass_on, pass_on_by_file_and_a_token)
+    assert first.startswith("pass_on: rank 0 received ") and "at least 4096" in first, first

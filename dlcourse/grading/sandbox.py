@@ -30,7 +30,19 @@ def isolation():
               "cannot make namespaces here), so a submission runs with the grader's rights: it "
               "could read other submissions or change files. Install bubblewrap to isolate "
               "each one.", file=sys.stderr)
+    if works and not _ranks_sandboxed(bwrap):
+        print("dlcourse grade: WARNING: the ranks of a graded job share one /tmp (a process in "
+              "the sandbox cannot make a namespace of its own here), so they could pass data "
+              "through files.", file=sys.stderr)
     return BUBBLEWRAP if works else NONE
+
+
+def _ranks_sandboxed(bwrap):
+    """True where a process inside the sandbox can make the namespaces that each rank of a
+    graded job makes (`rank_sandbox.py`): nested user namespaces allowed."""
+    nested = "import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(0x10020000) != 0)"
+    return subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", *_not_root(),
+                           sys.executable, "-c", nested], capture_output=True).returncode == 0
 
 
 def in_bubblewrap(command, folder, hide):

@@ -8,7 +8,8 @@ of every head, and returns all s tokens, in order, of its a/cp heads r·a/cp to 
 run, never 4 alone; heads a multiple of cp), each rank sent only its own tokens; the result must
 equal the slice of the whole tensor, put together here. Only all-to-all and send/recv are
 allowed, and a rank may send no more than an all-to-all does, (cp - 1)/cp of its x: an
-all-gather built from send/recv fails on its bytes. A misplaced value is named by where it
+all-gather built from send/recv fails on its bytes; nor receive less, counted by the kernel on
+its connections (`run_on_ranks(receives=)`): data moved another way fails. A misplaced value is named by where it
 came from (head and position in the whole tensor).
 """
 
@@ -69,11 +70,12 @@ def _check_case(seq_to_heads, rng, cp, h, n, timeout):
     shards = list(whole.split(n, dim=2))  # rank r: tokens r·n .. (r+1)·n - 1 of every head
     where = (f"seq_to_heads on {cp} ranks, {a} heads, {n * cp} tokens, x: "
              f"{describe(shards[0])}")
+    must = (cp - 1) * shards[0].numel() * shards[0].element_size() // cp  # others' tokens
     outcomes = run_on_ranks(seq_to_heads, [(x,) for x in shards], exercise="seq_to_heads",
                             where=where, hint=ULYSSES_HINT,
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
                             why_forbidden=WHY_ALL_TO_ALL, harness=_in_rank,
-                            guard=refuse_context, timeout=timeout)
+                            guard=refuse_context, timeout=timeout, receives=[must] * cp)
     for r, ((got, leaving), after) in enumerate(outcomes):
         if not torch.equal(after[0], shards[r]):
             fail(where, r, "changed x in place: the caller's tensor must keep its values",

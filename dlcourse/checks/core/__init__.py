@@ -8,6 +8,7 @@ it runs, and fail with a message a student can act on. Lesson 00's checks
     expect.py   expect_tensor, fail, CheckFailed, ... (comparing, and the messages)
     refuse.py   the mechanisms: replaced, refusal, forbidden, no_store, none_named
     copies.py   a copy of a refused function made while the student's code runs, refused
+    audit.py    an audit hook that keeps those refusals on (no ctypes, no setprofile)
     answers.py  the one engine an exercise set declares its answers to: Answers
     stubs.py    a function not written yet
     verdict.py  `python -m dlcourse.checks.core.verdict`: a submission's check, graded apart
@@ -25,7 +26,7 @@ A check in `dlcourse/checks/<topic>/` looks like this:
 
 The API:
 - `run_on_ranks(fn, rank_args, exercise=, where=, hint=, forbid=(), why_forbidden="",
-  hang_hint="", harness=None, guard=None, timeout=)` runs `fn(*rank_args[r])` (or
+  hang_hint="", harness=None, guard=None, timeout=, receives=None)` runs `fn(*rank_args[r])` (or
   `harness(fn, *rank_args[r])`) on rank r of `len(rank_args)` gloo ranks (rank r is sent
   `rank_args[r]` only: give it its shard, never the whole, and its code cannot read the whole)
   and returns, in rank order, `(value, args_after)`: what the rank returned and its arguments
@@ -34,6 +35,9 @@ The API:
   seconds (a deadlock) all become `CheckFailed`, named by `where` (the case) and followed by
   `hint` (a deadlock by `hang_hint`: what makes this exercise's messages wait forever); no
   process is left behind (`dlcourse.launch` stops every rank).
+- `receives=[bytes per rank]`: the fewest bytes each rank must receive from the others,
+  counted by the kernel on the ranks' connections from outside them (`grading/wire.py`): data
+  moved by a file, or a token message with a faked counter, fails.
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it

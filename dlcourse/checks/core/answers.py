@@ -30,6 +30,7 @@ All is put back when the block ends. `run_on_ranks(guard=answers.in_rank)` and
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import sys
@@ -74,10 +75,31 @@ class Answers:
                       and name not in self.allow]
         return found
 
-    @contextlib.contextmanager
     def refusing(self, namespaces=()):
         """While active, every answer and answer key raises ForbiddenCall however it is
-        reached. Yields `refuse.replaced`'s `Refused` (which finds copies)."""
+        reached. Yields `refuse.replaced`'s `Refused` (which finds copies). The context
+        manager's `answers` is this declaration (`hidden`, for the ranks of a graded job)."""
+        manager = self._refusing(namespaces)
+        manager.answers = self
+        return manager
+
+    def hidden(self):
+        """(module names, files): the course's modules that answer this set (its packages,
+        `single`'s modules, its check modules) and their source and compiled files. A graded
+        job's ranks import the modules, then cannot read the files (`launcher.launch_as_data`)."""
+        names = [module_name for module_name, _ in self.single]
+        names += [m.__name__ for package in (*self.packages, *self.checks)
+                  for m in package_modules(package)]
+        modules = [importlib.import_module(name) for name in dict.fromkeys(names)]
+        files = []
+        for module in modules:
+            source = getattr(module, "__file__", None)
+            if source and module.__name__.startswith("dlcourse"):
+                files += [source, importlib.util.cache_from_source(source)]
+        return tuple(m.__name__ for m in modules), tuple(files)
+
+    @contextlib.contextmanager
+    def _refusing(self, namespaces=()):
         with contextlib.ExitStack() as stack:
             for module in (m for name in self.checks for m in package_modules(name)):
                 stack.callback(_restore, vars(module), dict(vars(module)))

@@ -5,18 +5,19 @@ The guide to the whole core is `dlcourse/checks/core/__init__.py`.
 """
 
 import contextlib
+import functools
 
 import torch
 
-import dlcourse
 from dlcourse import pickling, returned
+from dlcourse.checks.core.audit import student_runs
 from dlcourse.checks.core.expect import CheckFailed, expect_callable
 from dlcourse.checks.core.copies import copies_refused
 from dlcourse.checks.core.refuse import ForbiddenCall, Refused, forbidden, no_store, none_named
 from dlcourse.checks.core.stubs import (NotWritten, is_stub_text, not_written, stub_message,
                                        stub_raising)
 from dlcourse.errors import RankError, RankTimeout
-from dlcourse.launcher import PerRank, launch_as_data
+from dlcourse.launcher import PerRank, launch_as_data, launch_watched
 
 # A check's launch takes ~0.1 s warm, ~2 s for the first one in a kernel (the forkserver imports
 # torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
@@ -32,7 +33,7 @@ COLLECTIVES = (
 
 
 def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why_forbidden="",
-                 hang_hint="", harness=None, guard=None, timeout=CHECK_TIMEOUT_S):
+                 hang_hint="", harness=None, guard=None, timeout=CHECK_TIMEOUT_S, receives=None):
     """Run `fn(*rank_args[rank])` on every rank; return [(value, args_after)] in rank order.
 
     `where` names the case in messages (default: the exercise); `hint` follows a rank's error,
@@ -43,6 +44,9 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     module-level function of the check's that builds what the student's function works on, calls
     `student(...)` (the student's function, inside the guards) and returns what the check
     compares. For a class (an autograd Function), `with student.guarded(): student.fn.apply(...)`.
+    `receives`, if given, is the fewest bytes each rank must receive from the others: counted
+    by the kernel on the ranks' connections, outside them (`grading/wire.py`), so what a rank's
+    own counter says cannot change it; a rank that received less fails.
     """
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
     expect_callable(fn, exercise)
@@ -54,12 +58,15 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     student = StudentCode(payload, tuple(forbid), why_forbidden, guard)
     # A submission's function (`dlcourse grade`) may have changed anything in its ranks: what
     # they send back is read as data only, never unpickled as objects here.
-    start = launch_as_data if submitted else dlcourse.launch
+    # Its ranks import the exercise's answers, then cannot read their files (`_hidden`).
+    measured = {}
+    start = functools.partial(launch_as_data, **_hidden(guard)) if submitted else launch_watched
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
         # each rank gets its own arguments only: none can read another's (or the whole)
-        return start(_in_rank, student, PerRank(rank_args), harness, submitted,
-                     world_size=world_size, backend="gloo", timeout=timeout)
+        outcomes = start(_in_rank, student, PerRank(rank_args), harness, submitted,
+                         world_size=world_size, backend="gloo", timeout=timeout,
+                         wire=measured.update if receives is not None else None)
     except RankTimeout as error:
         raise CheckFailed(
             f"{where or exercise}: did not finish within {timeout:g} s on {world_size} ranks "
@@ -70,6 +77,31 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
         ) from None
     except RankError as error:
         raise CheckFailed(_explain(exercise, where or exercise, hint, error)) from None
+    _expect_received(measured, receives, where or exercise, hint)
+    return outcomes
+
+
+def _expect_received(measured, receives, where, hint):
+    """Each rank received at least `receives[rank]` bytes (where the kernel's count was read)."""
+    for rank, least in enumerate(receives or []):
+        if rank in measured and measured[rank] < least:
+            raise CheckFailed(f"{where}: rank {rank} received {measured[rank]} bytes from the "
+                              f"other ranks (counted on its connections, outside its process), "
+                              f"where this exercise must bring it at least {least}"
+                              + (f"\nHint: {hint}" if hint else ""))
+
+
+def _hidden(guard, *args):
+    """launch_as_data's `preload` and `hide`: the modules and files of the `Answers` that
+    `guard(*args)` refuses (`Answers.hidden`); none for a guard of another kind."""
+    try:
+        answers = getattr(guard(*args), "answers", None) if guard else None
+    except Exception:  # a guard that needs what it guards: it hides nothing
+        answers = None
+    if answers is None:
+        return {}
+    preload, hide = answers.hidden()
+    return {"preload": preload, "hide": hide}
 
 
 class StudentCode:
@@ -79,7 +111,7 @@ class StudentCode:
     def __init__(self, payload, forbid=(), why_forbidden="", guard=None):
         self.payload, self.forbid, self.why_forbidden, self.guard = (payload, forbid,
                                                                      why_forbidden, guard)
-        self._fn = None
+        self._fn, self._originals = None, ()
 
     @contextlib.contextmanager
     def guarded(self):
@@ -87,21 +119,23 @@ class StudentCode:
         function holds (made before the guard, or rebuilt by pickling) is refused too."""
         with forbidden(self.forbid, self.why_forbidden), none_named(), no_store(), \
                 (self.guard() if self.guard else contextlib.nullcontext()) as refused:
+            self._originals = originals_of(refused)
             _refuse_copies(refused, self.fn)
             with copies_refused(refused, self.fn):
                 yield
 
     @property
     def fn(self):
-        """The student's object; load it inside `guarded()`."""
+        """The student's object; load it inside `guarded()` (the audit hook armed: making a
+        function of a refused original's code is refused while it unpickles too)."""
         if self._fn is None:
-            self._fn = pickling.loads(self.payload)
+            self._fn = student_runs(pickling.loads, (self.payload,), {}, self._originals)
         return self._fn
 
     def __call__(self, *args, **kwargs):
         with self.guarded():
             try:
-                return self.fn(*args, **kwargs)
+                return student_runs(self.fn, args, kwargs, self._originals)
             except NotImplementedError as error:
                 raise _named_stub(error, getattr(self.fn, "__name__", None))
 
@@ -194,7 +228,7 @@ def _call_submitted(fn, args, exercise, where, guard, hint, answer):
     try:
         [value] = launch_as_data(_call_in_rank, fn.payload, args, exercise, _WHERE, guard,
                                  _HINT if hint else "", answer, world_size=1, backend="gloo",
-                                 timeout=CHECK_TIMEOUT_S)
+                                 timeout=CHECK_TIMEOUT_S, **_hidden(guard, None))
         return value
     except RankTimeout:
         raise CheckFailed(f"{where}: did not return within {CHECK_TIMEOUT_S:g} s") from None
@@ -208,7 +242,7 @@ def _call_submitted(fn, args, exercise, where, guard, hint, answer):
 
 def _call_in_rank(payload, args, exercise, where, guard, hint, answer):
     """The rank's side of `_call_submitted`: the function loaded and called as `_call` would."""
-    fn = pickling.loads(payload)
+    fn = student_runs(pickling.loads, (payload,), {}, ())  # the audit hook armed
     return _call(fn, args, exercise, where, guard, hint, answer)
 
 
@@ -218,7 +252,7 @@ def _call(fn, args, exercise, where, guard, hint, answer=None):
         with guard(fn) if guard else contextlib.nullcontext() as refused:
             _refuse_copies(refused, fn)
             with copies_refused(refused, fn):
-                value = fn(*args)
+                value = student_runs(fn, args, {}, originals_of(refused))
         return returned.as_data(answer(value, *args) if answer else value)  # as `_in_rank`'s
     except ForbiddenCall as error:
         raise CheckFailed(f"{where}: {error}") from None
@@ -232,6 +266,12 @@ def _call(fn, args, exercise, where, guard, hint, answer=None):
     except Exception as error:  # the student's bug: show it, and their traceback under it
         raise CheckFailed(f"{where}: raised {type(error).__name__}: {error}"
                           + (f"\nHint: {hint}" if hint else "")) from error
+
+
+def originals_of(refused):
+    """The refused functions' (code, message) pairs, as a tuple the student's code cannot
+    change (`audit.student_runs`)."""
+    return tuple(refused.codes) if isinstance(refused, Refused) else ()
 
 
 def _refuse_copies(refused, fn):

@@ -8,7 +8,9 @@ strategies (`STRATEGIES`), and records each buggy run beside one process on 2 gl
 the first exercise's traces are (`runs.traces_on_rank`). Two of the four are always the twins:
 `dp_grads_summed` and `uneven_batch_unweighted` on one strategy, with one config, part at the same
 first place (the gradient of ln_f.weight, both ranks); so naming the bug by its strategy and
-first place alone fails every run. What tells them apart is what the gap looks like: the sum
+first place alone fails every run; a third is always `dp_no_broadcast`, which parts first on
+rank 1 and whose ranks disagree, so reading one rank's traces fails every run too. What tells
+them apart is what the gap looks like: the sum
 is the world size times the average at every element, the unweighted uneven batch is no
 multiple of it.
 
@@ -46,6 +48,9 @@ STRATEGIES = {
 # DP run, so that the twins run with the same config and nothing but the gap tells them apart.
 SHARED_CONFIG = {"DP overlapped (lesson 03)": dict(global_batch=5)}
 TWINS = ("dp_grads_summed", "uneven_batch_unweighted")  # same strategy, same first place
+# Parts first on rank 1 (its parameters differ before step 1, rank 0's at step 1) and its ranks
+# disagree: an answer that reads rank 0's traces only, or one rank's, fails on every run.
+RANKS_APART = ("dp_no_broadcast",)
 WORLD_SIZE = 2
 RUNS_TIMEOUT_S = 120  # 4 buggy runs and their references: ~2 s on 2 loaded cores
 HINT = ("find the first place over every rank's traces (your first_divergence on each), then "
@@ -79,10 +84,11 @@ def check_name_the_bug(name_the_bug, timeout=RUNS_TIMEOUT_S, *, rng):
 
 
 def draw_bugs(rng):
-    """[(strategy, bug)]: both twins and two more of different strategies' bugs, shuffled."""
-    others = [(s, b) for s, bugs in STRATEGIES.items() for b in bugs if b not in TWINS]
-    twins = [(s, b) for s, bugs in STRATEGIES.items() for b in bugs if b in TWINS]
-    drawn = twins + rng.sample(others, 2)
+    """[(strategy, bug)]: both twins, the bug that parts on rank 1 first, one more, shuffled."""
+    always = TWINS + RANKS_APART
+    others = [(s, b) for s, bugs in STRATEGIES.items() for b in bugs if b not in always]
+    drawn = [(s, b) for s, bugs in STRATEGIES.items() for b in bugs if b in always]
+    drawn += rng.sample(others, 1)
     rng.shuffle(drawn)
     return drawn
 

@@ -7,7 +7,9 @@ alone); the check draws 2, 3 and 4 ranks in a random order, 2 or 3 experts per r
 routing with an idle expert in every case and, in one case, a rank whose experts get no row at
 all. While the student's code runs the lesson's answers are refused (`refusal.py`), and so are
 the collectives that are not an all-to-all; `CommCounter` counts the bytes each rank sends, which
-must be its own rows once and its counts, no more. The reference (`reference.dispatched`) is
+must be its own rows once and its counts, no more; and each rank must receive the other ranks'
+rows routed to its experts, counted by the kernel on its connections (`run_on_ranks(receives=)`).
+The reference (`reference.dispatched`) is
 computed here from every rank's inputs after the ranks have finished.
 """
 
@@ -90,7 +92,8 @@ def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout):
                             exercise="dispatch_to_experts", where=where, hint=DISPATCH_HINT,
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
                             why_forbidden=WHY_ALL_TO_ALL, harness=_dispatch_in_rank,
-                            guard=refuse_experts, timeout=timeout)
+                            guard=refuse_experts, timeout=timeout,
+                            receives=_rows_from_others(xs, experts, n_experts))
     for r, ((got, sent), (x_after, e_after, _)) in enumerate(outcomes):
         if not (torch.equal(x_after, xs[r]) and torch.equal(e_after, experts[r])):
             fail(where, r, "changed its x or experts in place: the caller still needs them",
@@ -103,6 +106,13 @@ def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout):
                            f"8 · E = {8 * n_experts}: a rank sends each of its rows once, to "
                            "the rank that holds the row's expert, not to every rank",
                  DISPATCH_HINT)
+
+
+def _rows_from_others(xs, experts, n_experts):
+    """[per rank: bytes of the other ranks' rows routed to its experts]: what it must receive."""
+    n_local, ep = n_experts // len(xs), len(xs)
+    return [sum(int((experts[s] // n_local == r).sum()) * xs[s].size(1) * xs[s].element_size()
+                for s in range(ep) if s != r) for r in range(ep)]
 
 
 def _dispatch_in_rank(student, x, experts, n_experts):
