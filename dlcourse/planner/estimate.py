@@ -48,7 +48,6 @@ from dlcourse.planner.timing import (BYTES, cp_time, dp_time, elementwise_bytes,
                                      model_flops_per_token, optimizer_time, pp_time,
                                      shape_efficiency, tp_time)
 
-HEADROOM = 0.1  # the old flat margin (lesson 08 reads it); `margin.py` is what `fits` keeps
 
 
 @dataclass
