@@ -8,6 +8,7 @@ state saved by one layout and loaded by another, a rank killed and the run resum
     sharded.py   each rank writes its pieces, one metadata file; any layout loads from it
     reshard.py   ZeRO-3 on N -> ZeRO-3 on M, DP x TP -> ZeRO-3, on real ranks
     failures.py  a rank SIGKILLed mid-run, the job restarted, steps redone counted
+    torch_api.py the same with torch.distributed.checkpoint (dcp.save / load, async_save)
 
 What failures cost at scale (interruptions, Young's interval, goodput) is the planner's:
 `dlcourse/planner/goodput.py`.
