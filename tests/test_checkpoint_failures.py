@@ -9,6 +9,8 @@ import torch
 import dlcourse
 from dlcourse.checkpoint import CheckpointError, RunConfig, latest, read_metadata, save_checkpoint
 from dlcourse.checkpoint.failures import run_with_restarts
+from dlcourse.checkpoint.files import load_rank_state
+from dlcourse.checkpoint.resume import check_same_model
 
 TOTAL, EVERY = 7, 3  # checkpoints at steps 3 and 6
 
@@ -58,6 +60,9 @@ def test_a_torn_checkpoint_is_refused_with_a_clear_line(tmp_path):
         read_metadata(os.path.join(root, "step_000002.tmp"))
     done = os.path.join(root, "step_000001")
     assert read_metadata(done)["world_size"] == 2
+    assert load_rank_state(done, 1, 2)["w"].tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(CheckpointError, match="saved by 2 ranks, this job has 3"):
+        load_rank_state(done, 0, 3)
     with open(os.path.join(done, "rank00001.pt"), "r+b") as f:
         f.truncate(10)  # a file cut short
     with pytest.raises(CheckpointError, match="torn: rank00001.pt holds 10 bytes"):
@@ -70,3 +75,12 @@ def test_a_torn_checkpoint_is_refused_with_a_clear_line(tmp_path):
         read_metadata(done)
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         read_metadata(os.path.join(root, "elsewhere"))
+
+
+def test_a_state_of_another_model_is_named_in_one_line():
+    model = {"w": torch.zeros(4, 8), "b": torch.zeros(8)}
+    check_same_model({"w": torch.ones(4, 8), "b": torch.ones(8)}, model)  # same names and shapes
+    with pytest.raises(CheckpointError, match=r"w is \(4, 16\) in the checkpoint, \(4, 8\) in the model"):
+        check_same_model({"w": torch.zeros(4, 16), "b": torch.zeros(8)}, model)
+    with pytest.raises(CheckpointError, match="c is only in the checkpoint"):
+        check_same_model({"w": torch.zeros(4, 8), "b": torch.zeros(8), "c": torch.zeros(1)}, model)

@@ -19,6 +19,7 @@ first tensor where they part.
 """
 
 import io
+import re
 import warnings
 
 import torch
@@ -90,53 +91,63 @@ def check_same_model(saved, model):
                                   "in the model")
 
 
-def _subject(run):
+def subject_of(run):
+    """The run as lesson 10's finder sees a strategy (`debug.subjects.Subject`)."""
     rank, t = dist.get_rank(run.group), dist.get_world_size(run.group)
     return Subject([run.model], run.optimizer, lambda x, y: run.step(), run.full_parameters,
                    tp=(rank, t))
 
 
-class _TraceConfig:
+class TraceConfig:
     """What `record` and `compare_trace` read of a config: steps, and the batch's shape."""
 
     def __init__(self, cfg, steps):
         self.steps, self.global_batch, self.model = steps, cfg.batch, cfg.model
 
 
-def compare_resumes(cfg, k, n, forgets=((),), state_fn=None, restore_fn=None):
-    """On every rank: for each tuple of pieces in `forgets`, (gaps, max |Δ| of the parameters
-    after n more steps) between a run of k + n steps and one saved after k steps, restored into a
-    fresh run without those pieces and run n more. state_fn(run) / restore_fn(run, state): a
-    resume of one's own (lesson 11's exercise); the default, this module's."""
-    warnings.filterwarnings("ignore", message="Seems like `optimizer.step()` has been overridden")
-    group, tc = dist.group.WORLD, _TraceConfig(cfg, n)  # (the finder wraps optimizer.step)
+def record_run(run, n):
+    """The finder's trace of `run`'s next n steps: parameters, then per step the activations,
+    gradients and parameters after it (`debug.divergence.record`)."""
+    warnings.filterwarnings("ignore", message=re.escape("Seems like `optimizer.step()` has been "
+                                                        "overridden"))  # the finder wraps step
     x = torch.zeros(1)  # `record` hands (x, y) to train_step; the run reads its own data
-    whole = TrainRun(cfg, group)
-    for _ in range(k):
-        whole.step()
-    reference, _ = record(_subject(whole), tc, x, x)
-    return [_resumed(cfg, k, tc, reference, forget, state_fn, restore_fn) for forget in forgets]
+    trace, _ = record(subject_of(run), TraceConfig(run.cfg, n), x, x)
+    return trace
 
 
-def _resumed(cfg, k, tc, reference, forget, state_fn, restore_fn):
-    first = TrainRun(cfg, dist.group.WORLD)
-    for _ in range(k):
-        first.step()
-    state = _through_bytes((state_fn or resume_state)(first))  # what a file would give back
-    del first
-    resumed = TrainRun(cfg, dist.group.WORLD)  # a fresh process starts here: seeds, data at 0
-    if restore_fn is not None:
-        restore_fn(resumed, state)
-    else:
-        restore(resumed, state, forget)
-    trace, _ = record(_subject(resumed), tc, torch.zeros(1), torch.zeros(1))
-    gaps, _ = compare_trace(reference, trace, [], _subject(resumed), tc)
+def compare_runs(reference, run, n):
+    """(gaps, max |Δ| of the final parameters) of `run`'s next n steps against the trace
+    `reference` of the run that never stopped."""
+    trace = record_run(run, n)
+    gaps, _ = compare_trace(reference, trace, [], subject_of(run), TraceConfig(run.cfg, n))
     final = max((a - b).abs().max().item()
                 for a, b in zip(reference[-1][2].values(), trace[-1][2].values()))
     return gaps, final
 
 
-def _through_bytes(state):
+def trained(cfg, k):
+    """A fresh run on every rank of the world, trained k steps."""
+    run = TrainRun(cfg, dist.group.WORLD)
+    for _ in range(k):
+        run.step()
+    return run
+
+
+def compare_resumes(cfg, k, n, forgets=((),)):
+    """On every rank: for each tuple of pieces in `forgets`, (gaps, max |Δ| of the parameters
+    after n more steps) between a run of k + n steps and one saved after k steps, restored into a
+    fresh run without those pieces and run n more."""
+    reference = record_run(trained(cfg, k), n)
+    results = []
+    for forget in forgets:
+        state = through_bytes(resume_state(trained(cfg, k)))  # what a file would give back
+        resumed = restore(TrainRun(cfg, dist.group.WORLD), state, forget)  # a fresh start
+        results.append(compare_runs(reference, resumed, n))
+    return results
+
+
+def through_bytes(state):
+    """`state` saved with torch.save and loaded back (weights_only), as from a file."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
@@ -170,5 +181,6 @@ def resume_divergences(forgets, cfg=None, k=3, n=2, world_size=2, timeout=120):
              max(rank[i][1] for rank in per_rank)) for i in range(len(forgets))]
 
 
-__all__ = ["PIECES", "RunConfig", "check_same_model", "compare_resumes", "first_divergence",
-           "restore", "resume_divergences", "resume_state"]
+__all__ = ["PIECES", "RunConfig", "TraceConfig", "check_same_model", "compare_resumes",
+           "compare_runs", "first_divergence", "record_run", "restore", "resume_divergences",
+           "resume_state", "subject_of", "through_bytes", "trained"]
