@@ -1,6 +1,6 @@
 """Lesson 11's kill-and-resume job under torchrun, which restarts every worker when one dies:
 
-    torchrun --nproc-per-node 2 --max-restarts 1 -m dlcourse.checkpoint.torchrun_job \\
+    torchrun --standalone --nproc-per-node 2 --max-restarts 1 -m dlcourse.checkpoint.torchrun_job \\
         --root /tmp/ckpt --steps 7 --every 3 --kill 1,5 --out /tmp/params.pt
 
 Each worker runs `failures.train_job` (the same function the notebook launches); on the first
