@@ -11,8 +11,9 @@ from dlcourse import i18n
 from dlcourse.checks.hints.lessons_00_03 import HINTS as _LESSONS_00_03
 from dlcourse.checks.hints.lessons_04_07 import HINTS as _LESSONS_04_07
 from dlcourse.checks.hints.lessons_08_10 import HINTS as _LESSONS_08_10
+from dlcourse.checks.hints.lesson_11 import HINTS as _LESSON_11
 
-HINTS = {**_LESSONS_00_03, **_LESSONS_04_07, **_LESSONS_08_10}  # exercise id -> its levels
+HINTS = {**_LESSONS_00_03, **_LESSONS_04_07, **_LESSONS_08_10, **_LESSON_11}  # exercise id -> its levels
 
 
 def hint(exercise, level=None):
