@@ -51,3 +51,88 @@ def test_plan_gives_a_bad_ep_one_line(capsys, ep, needle):
                  "--ep", ep])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and needle in err, err
+
+
+# --- the catalogue's mixtures of experts, and every MoE term against lesson 09's functions ---
+
+from dlcourse.memory.accounting import model_state_bytes  # noqa: E402
+from dlcourse.moe import capacity  # noqa: E402
+from dlcourse.parallel.expert.measure import (all_to_all_formula, all_to_all_time,  # noqa: E402
+                                              param_bytes, params_per_token)
+from dlcourse.planner import moe_cost  # noqa: E402
+from dlcourse.planner.catalog import model  # noqa: E402
+from dlcourse.planner.hardware import Cluster, gpu  # noqa: E402
+from dlcourse.planner.layouts import Layout  # noqa: E402
+from dlcourse.planner.moe_spec import active_params, from_config, moe_params  # noqa: E402
+
+COURSE_MOES = [MOE, MoEConfig(vocab_size=50, seq_len=12, hidden=24, n_layers=4, n_heads=2,
+                              n_experts=4, top_k=1, moe_every=2, n_shared_experts=2,
+                              expert_hidden=40, bias=False, tie_embeddings=False,
+                              capacity_factor=1.5)]
+
+
+@pytest.mark.parametrize("name,total,active", [("mixtral-8x7b", 46.7e9, 12.9e9),
+                                               ("deepseek-v3", 671e9, 37e9)])
+def test_the_catalogue_counts_the_published_totals_and_active_parameters(name, total, active):
+    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B) and the
+    DeepSeek-V3 report's abstract (671B, 37B activated), within 1.5%."""
+    spec = model(name)
+    split = moe_params(spec)
+    assert split["experts"] + split["dense"] == pytest.approx(total, rel=0.015)
+    assert active_params(spec) == pytest.approx(active, rel=0.015)
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_parameters_split_as_lesson_09_splits_them(config):
+    spec = from_config(config)
+    ones = param_bytes(config, 1, itemsize=1)
+    assert moe_params(spec) == ones
+    assert active_params(spec) == params_per_token(config)["active"]
+    for ep in (1, 2, 4):
+        if config.n_experts % ep == 0:
+            on_gpu = moe_cost.stage_params(spec, Layout(4, 1, 1, ep=ep), 0)
+            assert on_gpu == {k: v / 4 for k, v in param_bytes(config, ep).items()}
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_expert_state_is_sharded_over_lesson_09s_edp_group(config):
+    spec = from_config(config)
+    L = Layout(4, 1, 1, zero_stage=1, ep=2)
+    edp = len(ep_layout(4, 2)[1][0])
+    owned = param_bytes(config, 2, itemsize=1)
+    assert moe_cost.state_bytes(spec, L) == (
+        model_state_bytes(owned["dense"], dp=4, zero_stage=1).total
+        + model_state_bytes(owned["experts"], dp=edp, zero_stage=1).total)
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_all_to_alls_are_lesson_09s_formula_to_the_byte(config):
+    spec, cluster = from_config(config), Cluster(gpu("h100"), 8)
+    L = Layout(4, 1, 1, micro_batch=3, micro_batches=2, ep=4)
+    assert moe_cost.all_to_all_bytes(spec, L, config.seq_len) == \
+        all_to_all_formula(config, 3, 4, itemsize=2)
+    alpha, bw = cluster.link(4)
+    assert moe_cost.all_to_all_seconds(spec, L, config.seq_len, cluster) == pytest.approx(
+        4 * len(config.moe_blocks) * 2 * all_to_all_time(config, 3, 4, alpha, 1 / bw, 2))
+    assert moe_cost.all_to_all_seconds(spec, Layout(4, 1, 1, micro_batch=3, micro_batches=2),
+                                       config.seq_len, cluster) == 0
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_routed_rows_active_flops_and_imbalance(config):
+    spec, tokens, ep = from_config(config), 24, 2
+    rows = moe_cost.routed_rows(spec, tokens, ep)
+    if config.capacity_factor:
+        cap = capacity(config.capacity_factor, ep * tokens, config.top_k, config.n_experts)
+        assert rows == config.n_experts // ep * cap
+    else:
+        assert rows == config.top_k * tokens * moe_cost.DROPLESS_IMBALANCE
+    s = config.seq_len
+    assert moe_cost.active_flops_per_token(spec, s) == \
+        6 * params_per_token(config)["active"] + 12 * config.n_layers * config.hidden * s
+
+
+def test_plan_of_an_moe_model_is_one_line_until_its_estimate_adds_the_terms(capsys):
+    code = main(["plan", "--model", "mixtral-8x7b", "--gpus", "64", "--tokens-per-step", "4M"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "mixture of experts" in err, err

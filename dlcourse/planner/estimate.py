@@ -197,6 +197,10 @@ def in_flight_micro_batches(pp, micro_batches, interleave=1):
 def estimate(work, layout, cluster):
     """An `Estimate` of `layout` training `work` on `cluster`."""
     spec, L, gpu = work.model, layout, cluster.gpu
+    if hasattr(spec, "n_experts"):
+        raise ValueError(f"{spec.name} is a mixture of experts: its terms are in "
+                         "dlcourse/planner/moe_cost.py, but the ranked table does not add them "
+                         "up yet (issue 34); plan a dense model")
     memory = peak_memory(work, L)
     n_params = stage_params(spec, L)
     tokens = work.batch_tokens / (L.replicas * L.pp)  # per GPU-row of the pipeline, per step
