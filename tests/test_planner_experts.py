@@ -1,6 +1,8 @@
 """The planner for mixtures of experts (issue 34): the expert axis of the one grid description
 (`RankGrid.ep`), its rows in the rule book, and `dlcourse plan --ep`."""
 
+from dataclasses import replace
+
 import pytest
 
 from dlcourse.cli import main
@@ -132,7 +134,37 @@ def test_routed_rows_active_flops_and_imbalance(config):
         6 * params_per_token(config)["active"] + 12 * config.n_layers * config.hidden * s
 
 
-def test_plan_of_an_moe_model_is_one_line_until_its_estimate_adds_the_terms(capsys):
-    code = main(["plan", "--model", "mixtral-8x7b", "--gpus", "64", "--tokens-per-step", "4M"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and "\n" not in err and "mixture of experts" in err, err
+def test_one_expert_of_the_dense_width_costs_the_dense_models_flops_and_its_router():
+    """E = k = 1, the expert as wide as the dense MLP: the active FLOPs are the dense planner's
+    6 Psi + 12 L h s, plus 6 FLOPs for each of the router's L x h weights."""
+    from dlcourse.planner.catalog import LLAMA31_8B
+    from dlcourse.planner.moe_spec import MoESpec
+    from dlcourse.planner.timing import model_flops_per_token
+    fields = {f: getattr(LLAMA31_8B, f) for f in LLAMA31_8B.__dataclass_fields__}
+    one = MoESpec(**fields, n_experts=1, top_k=1, moe_ffn=LLAMA31_8B.ffn)
+    s, L, h = 8192, LLAMA31_8B.n_layers, LLAMA31_8B.hidden
+    assert moe_cost.active_flops_per_token(one, s) == \
+        model_flops_per_token(LLAMA31_8B, s) + 6 * L * h
+
+
+def test_an_moe_estimate_adds_its_terms_and_its_all_to_alls():
+    from dlcourse.planner.estimate import estimate
+    from dlcourse.planner.layouts import Workload
+    spec, cluster = model("mixtral-8x7b"), Cluster(gpu("h100"), 64)
+    work = Workload(spec, 4096, 4096 * 256)
+    L = Layout(8, 2, 4, zero_stage=1, micro_batch=1, micro_batches=32, ep=8)
+    e = estimate(work, L, cluster)
+    assert e.ep_time == moe_cost.all_to_all_seconds(spec, L, 4096, cluster) > 0
+    assert e.step_time == pytest.approx(e.compute_time + e.tp_time + e.cp_time + e.pp_time
+                                        + e.ep_time + e.dp_time + e.optimizer_time)
+    assert e.memory > moe_cost.state_bytes(spec, L)
+    wider = estimate(work, replace(L, ep=16), cluster)  # 16 ranks: over the network
+    assert wider.ep_time > e.ep_time and wider.memory < e.memory
+
+
+def test_plan_ranks_mixtral_with_the_ep_asked_for(capsys):
+    code = main(["plan", "--model", "mixtral-8x7b", "--gpus", "64", "--tokens-per-step", "1M",
+                 "--ep", "8", "--recompute", "none", "--top", "3"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("dp")]
+    assert code == 0 and rows and all(" ep8 " in r for r in rows), out

@@ -162,6 +162,9 @@ def problems(layout, work, cluster, where="megatron"):
         found.append(f"dp {layout.dp} x micro-batch {layout.micro_batch} x "
                      f"{layout.micro_batches} micro-batches x {work.seq_len} tokens = "
                      f"{per_step * work.seq_len:,} tokens, not the batch's {work.batch_tokens:,}")
+    if hasattr(work.model, "n_experts") and layout.recompute in ("selective", "op"):
+        found.append(f"recompute {layout.recompute!r} is not counted for a mixture of experts "
+                     "here (moe_estimate.py): use recompute 'none' or 'full'")
     if layout.recompute not in RECOMPUTE:
         found.append(f"recompute must be one of {RECOMPUTE}, got {layout.recompute!r}")
     return found

@@ -70,10 +70,10 @@ def state_bytes(spec, L):
     """Model state of the busiest GPU: the dense part's ZeRO state over dp x cp, the experts'
     over the expert-data-parallel ranks (lesson 05's (2 + 2 + 12) bytes a parameter, divided
     as the stage says); the most of any pipeline stage."""
-    edp = L.grid.expert_data_parallel
-    return max(model_state_bytes(p["dense"], dp=L.replicas, zero_stage=L.zero_stage).total
-               + model_state_bytes(p["experts"], dp=edp, zero_stage=L.zero_stage).total
-               for p in (stage_params(spec, L, s) for s in range(L.pp)))
+    groups = {"dense": L.replicas, "experts": L.grid.expert_data_parallel}
+    return max(sum(model_state_bytes(n, dp=groups[part], zero_stage=L.zero_stage).total
+                   for part, n in stage_params(spec, L, s).items() if n)  # a stage may hold
+               for s in range(L.pp))  # no experts (DeepSeek-V3's first, dense layers)
 
 
 def imbalance(spec):
