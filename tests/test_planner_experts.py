@@ -168,3 +168,14 @@ def test_plan_ranks_mixtral_with_the_ep_asked_for(capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("dp")]
     assert code == 0 and rows and all(" ep8 " in r for r in rows), out
+
+
+def test_deepseek_v3s_published_layout_is_valid_and_its_speed_bracketed():
+    """Held out (`published_moe.py`): the report's PP16 x EP64 x ZeRO-1 DP layout passes the
+    rule book and fits on 2,048 H800s; the planner's bf16, all-to-alls-exposed estimate is above
+    the published 180K GPU-hours per trillion tokens and its FP8-rate, all-to-alls-hidden bound
+    below it (a miss of the issue's 25%, said in the module)."""
+    from dlcourse.planner.published_moe import deepseek_v3
+    found = deepseek_v3()
+    assert found["problems"] == [] and found["fits"]
+    assert found["lower"] < found["published"] < found["planner"]
