@@ -306,7 +306,8 @@ def _add_tour(sub):
 
 def _add_plan(sub):
     p = sub.add_parser("plan", help=plan.__doc__)
-    p.add_argument("--model", required=True, help="e.g. llama-2-7b, gpt-2-xl, llama-3-405b")
+    p.add_argument("--model", required=True, help="e.g. llama-2-7b, gpt-2-xl, llama-3-405b, "
+                                                  "mixtral-8x7b, deepseek-v3")
     p.add_argument("--gpus", required=True, help="GPUs in the job")
     p.add_argument("--gpu", default="h100", help="a100-40gb, a100-80gb, h100, h200, l40s, "
                                                  "rtx-4090 (default h100)")
