@@ -179,3 +179,18 @@ def test_deepseek_v3s_published_layout_is_valid_and_its_speed_bracketed():
     found = deepseek_v3()
     assert found["problems"] == [] and found["fits"]
     assert found["lower"] < found["published"] < found["planner"]
+
+
+def test_the_transient_layer_is_as_wide_as_the_routed_rows():
+    """`routed_width` with a capacity factor: the busiest rank's E/ep experts at lesson 09's
+    capacity, per token, x the expert width, + the shared experts' width."""
+    from dlcourse.planner.layouts import Workload
+    from dlcourse.planner.moe_estimate import routed_width
+    config = COURSE_MOES[1]  # capacity 1.5, 2 shared experts of 40, moe_every 2
+    spec = from_config(config)
+    L = Layout(4, 1, 1, micro_batch=2, micro_batches=1, ep=2)
+    tokens = 2 * config.seq_len
+    cap = capacity(1.5, 2 * tokens, config.top_k, config.n_experts)
+    expected = round(config.n_experts // 2 * cap / tokens * 40) + 2 * 40
+    assert routed_width(Workload(spec, config.seq_len, 8 * config.seq_len), L) == \
+        max(expected, 4 * config.hidden)

@@ -7,8 +7,9 @@ Simplifications, each an upper bound or an approximation said here:
   attention's tensors, the MLP input, the routed rows' tensors, `moe_cost.routed_activation_bytes`)
   and a dense one; the first stage's micro-batches in flight (lesson 06's count), and the
   loss's fp32 log-probabilities on it as well (an overcount when pp > 1);
-- the largest transient is the dense planner's (`transients.py`) for a layer of the attention
-  and the dense MLP, with the biggest layer's parameters;
+- the largest transient is the dense planner's (`transients.py`) for a dense layer as wide as
+  the busiest rank's routed rows make an MoE layer (`routed_width`), with the biggest layer's
+  parameters;
 - recomputation: none or full only (the selective and by-op policies are counted for dense
   layers; `layouts.problems` refuses them for an MoE);
 - the expert-data-parallel traffic and Adam's step over the experts are the dense terms over
@@ -28,7 +29,7 @@ from dlcourse.planner.activations import layer_activation_bytes
 from dlcourse.planner.estimate import Estimate, bubble_share, in_flight_micro_batches
 from dlcourse.planner.moe_cost import (BYTES, active_flops_per_token, all_to_all_seconds,
                                        expert_seconds, rank_tokens, routed_activation_bytes,
-                                       stage_params, state_bytes)
+                                       routed_rows, stage_params, state_bytes)
 from dlcourse.planner.moe_spec import mlp_params
 from dlcourse.planner.timing import (cp_time, dp_time, optimizer_time, pp_time, shape_efficiency,
                                      tp_time)
@@ -63,7 +64,19 @@ def moe_memory(work, L):
     log_probs = 4 * work.seq_len / L.cp * L.micro_batch * spec.vocab_size / L.tp
     activations = in_flight * layers * layer_bytes(work, L) + log_probs
     one_layer = max(sum(stage_params(spec, L, s).values()) for s in range(L.pp)) / layers
-    return state_bytes(spec, L) + activations + transient_bytes(work, L, one_layer, True)
+    wide = replace(work, model=replace(spec, ffn=routed_width(work, L)))
+    return state_bytes(spec, L) + activations + transient_bytes(wide, L, one_layer, True)
+
+
+def routed_width(work, L):
+    """The MLP width a dense layer would need to hold an MoE layer's ffn-wide tensors: the
+    busiest rank's routed rows a token (k x the imbalance) x moe_ffn, + the shared experts'
+    width; at least the dense layers' ffn. What the transients (a layer recomputed in
+    backward) are counted with."""
+    spec, tokens = work.model, rank_tokens(L, work.seq_len)
+    routed = routed_rows(spec, tokens, L.ep) / tokens * spec.moe_ffn
+    return max(round(routed) + spec.n_shared_experts * spec.moe_ffn,
+               spec.ffn if spec.first_dense or spec.moe_every > 1 else 0)
 
 
 def _expert_layout(L):
