@@ -67,7 +67,7 @@ def plan(args):
 
     from dlcourse.planner.catalog import model
     from dlcourse.planner.hardware import Cluster, gpu
-    from dlcourse.planner.layouts import Workload
+    from dlcourse.planner.layouts import Workload, check_ep
     from dlcourse.planner.rank import format_plan, plan as make_plan
 
     try:
@@ -81,6 +81,9 @@ def plan(args):
                              f"{seq_len}-token sequences: pass a multiple of {seq_len}")
         cluster = Cluster(card, values["gpus"], values["gpus_per_node"])
         choices = _plan_choices(args)
+        if values["ep"] is not None:
+            check_ep(spec, values["ep"], values["gpus"])
+            choices["experts"] = (values["ep"],)
         work = Workload(replace(spec, seq_len=max(spec.seq_len, seq_len)), seq_len, tokens,
                         attention=args.attention, mlp=args.mlp, loss=args.loss)
         result = make_plan(work, cluster, **choices)
@@ -99,6 +102,7 @@ PLAN_NUMBERS = {
     "seq_len": (int, 1, "a whole number of tokens >= 1, e.g. --seq-len 4096"),
     "top": (int, 1, "how many rows to print, a whole number >= 1, e.g. --top 8"),
     "price": (float, 1e-9, "dollars per GPU-hour, a number > 0, e.g. --price 2.5"),
+    "ep": (int, 1, "expert-parallel ranks, a whole number >= 1 dividing the experts, e.g. --ep 8"),
 }
 
 
@@ -160,7 +164,8 @@ def _add_tour(sub):
 
 def _add_plan(sub):
     p = sub.add_parser("plan", help=plan.__doc__)
-    p.add_argument("--model", required=True, help="e.g. llama-2-7b, gpt-2-xl, llama-3-405b")
+    p.add_argument("--model", required=True, help="e.g. llama-2-7b, gpt-2-xl, llama-3-405b, "
+                                                  "mixtral-8x7b, deepseek-v3")
     p.add_argument("--gpus", required=True, help="GPUs in the job")
     p.add_argument("--gpu", default="h100", help="a100-40gb, a100-80gb, h100, h200, l40s, "
                                                  "rtx-4090 (default h100)")
@@ -180,6 +185,8 @@ def _add_plan(sub):
                         "(Korthikanti's attention scores, eager attention only), op "
                         "(torchtitan's by-op policy: every other matmul and the cheap ops "
                         "recomputed) or full")
+    p.add_argument("--ep", help="expert-parallel ranks of an MoE model, borrowed from dp x cp x "
+                                "tp (default: try every divisor of its experts)")
     p.add_argument("--loss", default="in place",
                    help="the loss kernel's peak: 'in place' (Megatron-LM, the default), "
                         "'fp32 eager' (torchtitan) or 'fp32 eager, pred kept'")

@@ -22,8 +22,19 @@ an `order` may leave cp out when cp = 1.
 planner (`dlcourse.planner.layouts.Layout.grid`) both hold one, and both check it against the
 one rule book, `dlcourse.parallel.rules.problems`. `virtual` is the pipeline's model chunks
 per rank (interleaved 1F1B, lesson 06): not an axis of ranks, but a rule-book size (whole
-layers per virtual stage), like torchtitan's `ParallelDims` beside its pipeline schedule. An
-expert axis (lesson 09) would be one more field and its rows in the rule book.
+layers per virtual stage), like torchtitan's `ParallelDims` beside its pipeline schedule.
+
+The expert axis (lesson 09). `ep` is not a fifth factor of the world size: the experts of an MoE
+layer are dealt out over ranks the dense layers already use. torchtitan (pytorch/torchtitan
+b5bcd76, 2026-08-21, torchtitan/distributed/parallel_dims.py) borrows them from dp_shard x cp x
+tp ("expert_parallel_degree must divide dp_shard * cp * tp") and keeps each expert whole on its
+rank (its sparse mesh ("pp", "dp_replicate", "efsdp", "ep"), efsdp = dp_shard x cp x tp / ep).
+The grid follows it, with its one dp axis for dp_replicate x dp_shard: ep divides dp x cp x tp,
+each rank holds E / ep whole experts (`experts_per_rank`), and the ranks holding the same experts
+form the expert-data-parallel group of dp x cp x tp / ep ranks (`expert_data_parallel`), over
+which the experts' gradients are reduced and ZeRO shards their state, as lesson 09's
+`dlcourse.parallel.expert.groups` does with tp = cp = 1. The rule book has its rows; the
+runtime's combined grid does not build the axis (lesson 09 runs it over data parallel alone).
 
 The dp x cp replicas. Every cp rank holds the same weights and trains them on its part of each
 sequence, so the gradients are averaged over dp x cp ranks, not dp alone: `groups.dp_cp`, the
@@ -53,9 +64,10 @@ class RankGrid:
     order: tuple = None  # the axes outermost first (the last one's ranks are consecutive);
     #                      default AXES, without cp when cp = 1
     virtual: int = 1  # v: model chunks (virtual stages) per pipeline rank, interleaved 1F1B
+    ep: int = 1  # expert-parallel ranks, borrowed from dp x cp x tp: each holds E/ep experts
 
     def __post_init__(self):
-        for axis in AXES + ("virtual",):
+        for axis in AXES + ("virtual", "ep"):
             size = getattr(self, axis)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"RankGrid.{axis} must be a whole number >= 1, got {size!r}")
@@ -69,6 +81,24 @@ class RankGrid:
     @property
     def world_size(self):
         return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def expert_region(self):
+        """Ranks of one pipeline stage: dp x cp x tp, those ep borrows from (torchtitan's
+        dp_shard x cp x tp, with dp_replicate folded into dp)."""
+        return self.dp * self.cp * self.tp
+
+    @property
+    def expert_data_parallel(self):
+        """Ranks that hold the same experts (torchtitan's dp_replicate x efsdp): the experts'
+        gradients are reduced, and their ZeRO state sharded, over these. The rule book
+        refuses an ep that does not divide `expert_region`."""
+        return self.expert_region // self.ep
+
+    def experts_per_rank(self, n_experts):
+        """E / ep whole experts of each MoE layer on every rank (the rule book refuses an ep
+        that does not divide E)."""
+        return n_experts // self.ep
 
     @property
     def shape(self):

@@ -32,8 +32,14 @@ Megatron-LM as read at commit d98e8a6 (2026-08-22):
 - context parallel: megatron/training/arguments.py, "seq-length should be a multiple of 2 *
   context-parallel-size" (the zig-zag halves); sequence parallel splits the sequence over tp.
 
-The grid description has room for more axes (an expert axis, lesson 09): a rule reads the
-sizes it needs from the grid by name, so adding one is a field of `RankGrid` and its rows here.
+- experts: megatron/training/arguments.py, "Number of experts should be a multiple of expert
+  model parallel_size" (and lesson 09's `check_ep`).
+
+The expert axis (lesson 09; `RankGrid.ep`) borrows its ranks from dp x cp x tp, as torchtitan
+does (pytorch/torchtitan b5bcd76, 2026-08-21, torchtitan/distributed/parallel_dims.py
+`_validate`: "expert_parallel_degree must divide dp_shard * cp * tp"). A model "has experts" when
+it has `n_experts` (the course's `MoEConfig`, the planner's `MoESpec`); ep > 1 on one without is
+refused.
 """
 
 import math
@@ -146,6 +152,28 @@ def _sp_sequence(grid, model, run):
     return None
 
 
+def _ep_borrows(grid, model, run):
+    region = grid.dp * grid.cp * grid.tp
+    if region % grid.ep:
+        return (f"ep {grid.ep} does not divide the dp {grid.dp} x cp {grid.cp} x tp {grid.tp} "
+                f"= {region} ranks of a pipeline stage ({region} / {grid.ep} = "
+                f"{region / grid.ep:g}): the expert-parallel ranks are borrowed from them; try "
+                f"ep in {_divisors(region)}")
+    return None
+
+
+def _ep_divides_experts(grid, model, run):
+    experts = getattr(model, "n_experts", None)
+    if grid.ep > 1 and experts is None:
+        return (f"ep {grid.ep} needs a mixture-of-experts model, and "
+                f"{getattr(model, 'name', type(model).__name__)} has no experts: use ep 1")
+    if grid.ep > 1 and experts % grid.ep:
+        return (f"ep {grid.ep} does not divide the {experts} experts ({experts} / {grid.ep} = "
+                f"{experts / grid.ep:g}): every rank holds E/ep whole experts; try ep in "
+                f"{_divisors(experts)}")
+    return None
+
+
 def _not_built(test, sentence):
     """A combination the course's runtime does not build: `sentence` when test(grid, run)."""
     return lambda grid, model, run: sentence(grid, run) if test(grid, run) else None
@@ -173,8 +201,12 @@ RULES = [
     Rule("cp splits the sequence", "megatron", f"{MEGATRON} arguments.py; lesson 08's Layout",
          _cp_sequence),
     Rule("sp splits the sequence", "megatron", "Korthikanti et al. 2022 §4.2.2", _sp_sequence),
+    Rule("ep divides the experts", "megatron", f"{MEGATRON} arguments.py; lesson 09's check_ep",
+         _ep_divides_experts),
 ]
+TORCHTITAN = "torchtitan b5bcd76 (2026-08-21) distributed/parallel_dims.py"
 GRID_RULES = [  # the rules that need no model
+    Rule("ep borrows dp x cp x tp ranks", "megatron", TORCHTITAN, _ep_borrows),
     Rule("ZeRO with pp", "dlcourse", COURSE, _not_built(
         lambda g, r: r.zero_stage and g.pp > 1,
         lambda g, r: (f"ZeRO stage {r.zero_stage} with pp {g.pp} is not built here: ZeRO "
@@ -209,6 +241,11 @@ GRID_RULES = [  # the rules that need no model
         lambda g, r: r.recompute != "none",
         lambda g, r: (f"recompute {r.recompute!r} is not built in the combined grid here "
                       "(lesson 01 measures it on one process): use recompute 'none'"))),
+    Rule("experts in the grid", "dlcourse", COURSE, _not_built(
+        lambda g, r: g.ep > 1,
+        lambda g, r: (f"ep {g.ep} is not built in the combined grid here: lesson 09's "
+                      "expert_parallel runs experts over data-parallel ranks alone; use ep 1 "
+                      "in the grid"))),
     Rule("light ends in the grid", "dlcourse", COURSE, _not_built(
         lambda g, r: r.light_ends,
         lambda g, r: ("light first and last stages are not built here: lesson 06's "

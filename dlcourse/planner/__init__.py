@@ -2,10 +2,10 @@
 trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is a short table.
 
     hardware.py    GPU (memory, peak, MAMF, HBM bandwidth, links, price) with sources; Cluster
-    layouts.py     Workload, Layout (dp x tp x pp, ZeRO stage, micro-batches, recompute,
-                   interleaving; `Layout.grid` is the runtime's RankGrid), the rules a layout
-                   must obey (the runtime's rule book, `dlcourse.parallel.rules`, and the
-                   cluster's), every valid layout
+    layouts.py     Workload, Layout (dp x tp x pp (x cp, ep), ZeRO stage, micro-batches,
+                   recompute, interleaving; `Layout.grid` is the runtime's RankGrid), the
+                   rules a layout must obey (the runtime's rule book, `dlcourse.parallel.rules`,
+                   and the cluster's), every valid layout
     margin.py      what a real GPU holds beyond the counted peak: driver, CUDA context, NCCL
                    buffers, the allocator's reserve; `fits` keeps it
     op_checkpoint.py  torchtitan's selective checkpointing by op, measured on the course GPT
@@ -17,6 +17,11 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
     rank.py        plan(): the ranked table, the recommendation (the simplest of the layouts
                    that tie within the planner's error), why it beat the runner-up, the
                    Pareto front of cost against time, and why nothing fits when nothing does
+    moe_spec.py    a mixture of experts as a spec (MoESpec), its dense and expert parameters
+    moe_cost.py    what experts add (lesson 09): state over the expert-data-parallel ranks,
+                   routed rows and activations, active FLOPs, the all-to-alls, load imbalance
+    moe_estimate.py  an Estimate of an MoE layout from the dense terms and moe_cost's
+    published_moe.py  DeepSeek-V3's pre-training held against the planner (held out, a miss)
     published.py   published runs (Megatron-LM, torchtitan, BLOOM, Llama 3) the planner is checked
                    against; the spread of its errors is the band on every cost
 """

@@ -1,10 +1,12 @@
-"""The models the planner knows by name (lesson 07): lesson 01's GPT-2 and Llama 2 shapes, and
-the published models it is checked against (`published.py`).
+"""The models the planner knows by name (lesson 07): lesson 01's GPT-2 and Llama 2 shapes, the
+published models it is checked against (`published.py`), and two mixtures of experts (lesson 09,
+`moe_spec.MoESpec`): Mixtral 8x7B and DeepSeek-V3.
 
     model("llama-2-7b")    # case, spaces and underscores ignored
 """
 
 from dlcourse.memory.calculator import REAL_MODELS, ModelSpec
+from dlcourse.planner.moe_spec import MoESpec
 
 
 def megatron_gpt(name, heads, hidden, layers):
@@ -29,7 +31,41 @@ LLAMA31_8B = ModelSpec("Llama-3.1 8B", 32, 4096, 32, vocab_size=128256, seq_len=
                        ffn=14336, kv_heads=8, gated_mlp=True, bias=False, tied=False,
                        learned_positions=False)
 
-MODELS = {**REAL_MODELS, LLAMA3_405B.name: LLAMA3_405B, LLAMA31_8B.name: LLAMA31_8B}
+# Jiang et al. 2024, "Mixtral of Experts", Table 1: dim 4,096, 32 layers, head_dim 128, hidden
+# 14,336, 32 heads, 8 K/V heads, context 32,768, vocabulary 32,000, 8 experts, top-2; every
+# layer's MLP is an MoE of SwiGLU experts; untied head, rotary positions, RMSNorm. §2: 47B
+# parameters, 13B active a token (`moe_spec` counts 46.70B and 12.88B). Trained length not
+# published: the 4,096 of Mistral 7B is taken as the planner's default sequence.
+MIXTRAL_8X7B = MoESpec("Mixtral 8x7B", 32, 4096, 32, vocab_size=32000, seq_len=4096,
+                       ffn=14336, kv_heads=8, gated_mlp=True, bias=False, tied=False,
+                       learned_positions=False, n_experts=8, top_k=2, moe_ffn=14336)
+
+
+def mla_params(dim, n_heads, q_rank, kv_rank, nope, rope, v_dim):
+    """One layer of multi-head latent attention (DeepSeek-V3's inference/model.py `MLA`):
+    wq_a (dim x q_rank), q_norm, wq_b (q_rank x heads (nope + rope)), wkv_a (dim x (kv_rank +
+    rope)), kv_norm, wkv_b (kv_rank x heads (nope + v)), wo (heads v x dim)."""
+    return (dim * q_rank + q_rank + q_rank * n_heads * (nope + rope) + dim * (kv_rank + rope)
+            + kv_rank + kv_rank * n_heads * (nope + v_dim) + n_heads * v_dim * dim)
+
+
+# DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §4.2 and deepseek-ai/DeepSeek-V3 9b4e978
+# (2025-08-28) inference/configs/config_671B.json: dim 7,168, 61 layers, the first 3 dense
+# (inter_dim 18,432), then 256 routed experts (moe_inter_dim 2,048) and 1 shared, 8 activated,
+# 128 heads of MLA (q_lora_rank 1,536, kv_lora_rank 512, 128 + 64 query/key dims, 128 value
+# dims: `mla_params`), vocabulary 129,280, untied head; pre-trained at 4,096 tokens (§4.2).
+# 671B total, 37B active (`moe_spec` counts 671.03B and 37.55B; the report's 671B leaves out
+# the 14B multi-token-prediction module, and so does this spec; the router's 256-value
+# balancing bias, no trained weight, is left out too). Attention elsewhere in the planner is
+# approximated as 128 heads of 56 (see `moe_spec`).
+DEEPSEEK_V3 = MoESpec("DeepSeek-V3", 61, 7168, 128, vocab_size=129280, seq_len=4096,
+                      ffn=18432, kv_heads=128, gated_mlp=True, bias=False, tied=False,
+                      learned_positions=False, n_experts=256, top_k=8, moe_ffn=2048,
+                      n_shared_experts=1, first_dense=3,
+                      attention_params=mla_params(7168, 128, 1536, 512, 128, 64, 128))
+
+MODELS = {**REAL_MODELS, LLAMA3_405B.name: LLAMA3_405B, LLAMA31_8B.name: LLAMA31_8B,
+          MIXTRAL_8X7B.name: MIXTRAL_8X7B, DEEPSEEK_V3.name: DEEPSEEK_V3}
 
 
 def _key(name):

@@ -27,7 +27,8 @@ its share of the matmuls and of every other axis's messages shrink by cp; its gr
 reduced, and ZeRO shards, over dp x cp (`Layout.replicas`). Attention still sees the whole
 sequence: each query's FLOPs count all s keys.
 
-Not modelled: offload, expert parallelism, kernel-level overlap of tp
+A mixture of experts (lesson 09) is estimated by `moe_estimate.py` from these terms and
+`moe_cost.py`'s. Not modelled: offload, kernel-level overlap of tp
 communication and kernel launch gaps. What a real GPU holds beyond the counted peak (the CUDA
 context, NCCL's buffers, the allocator's reserve) is `margin.py`'s: `Estimate.fits` keeps it.
 """
@@ -66,6 +67,7 @@ class Estimate:
     tokens_per_s: float
     mfu: float  # model FLOPs (6Ψ + 12Lhs per token) / (time x GPUs x peak)
     dollars_per_m_tokens: float
+    ep_time: float = 0.0  # expert parallel's all-to-alls (an MoE, `moe_estimate.py`)
 
 
 def layer_params(spec):
@@ -196,6 +198,9 @@ def in_flight_micro_batches(pp, micro_batches, interleave=1):
 def estimate(work, layout, cluster):
     """An `Estimate` of `layout` training `work` on `cluster`."""
     spec, L, gpu = work.model, layout, cluster.gpu
+    if hasattr(spec, "n_experts"):  # a mixture of experts (lesson 09)
+        from dlcourse.planner.moe_estimate import moe_estimate
+        return moe_estimate(work, layout, cluster)
     memory = peak_memory(work, L)
     n_params = stage_params(spec, L)
     tokens = work.batch_tokens / (L.replicas * L.pp)  # per GPU-row of the pipeline, per step

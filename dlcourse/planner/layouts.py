@@ -69,6 +69,7 @@ class Layout:
     reshard: bool = True  # ZeRO-3: free gathered parameters after forward (FSDP's default)
     light_ends: bool = False  # one layer fewer on the first and last stage (Llama 3, §3.3.2)
     cp: int = 1  # context-parallel ranks: each sequence split into cp parts (lesson 08)
+    ep: int = 1  # expert-parallel ranks (lesson 09), borrowed from dp x cp x tp: E/ep experts each
 
     def __post_init__(self):
         if self.sequence_parallel is None:
@@ -89,7 +90,8 @@ class Layout:
     def grid(self):
         """This layout's grid in the runtime's own description (`dlcourse.parallel.grid`), the
         one the rule book (`dlcourse.parallel.rules`) checks."""
-        return RankGrid(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, virtual=self.interleave)
+        return RankGrid(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, virtual=self.interleave,
+                        ep=self.ep)
 
     @property
     def run(self):
@@ -111,7 +113,7 @@ class Layout:
 
     def describe(self):
         parts = [f"dp{self.dp}"] + ([f"cp{self.cp}"] if self.cp > 1 else [])
-        parts += [f"tp{self.tp}", f"pp{self.pp}"]
+        parts += [f"tp{self.tp}", f"pp{self.pp}"] + ([f"ep{self.ep}"] if self.ep > 1 else [])
         if self.zero_stage:
             parts.append(f"zero{self.zero_stage}" + ("" if self.reshard or self.zero_stage < 3
                                                      else " no-reshard"))
@@ -160,6 +162,9 @@ def problems(layout, work, cluster, where="megatron"):
         found.append(f"dp {layout.dp} x micro-batch {layout.micro_batch} x "
                      f"{layout.micro_batches} micro-batches x {work.seq_len} tokens = "
                      f"{per_step * work.seq_len:,} tokens, not the batch's {work.batch_tokens:,}")
+    if hasattr(work.model, "n_experts") and layout.recompute in ("selective", "op"):
+        found.append(f"recompute {layout.recompute!r} is not counted for a mixture of experts "
+                     "here (moe_estimate.py): use recompute 'none' or 'full'")
     if layout.recompute not in RECOMPUTE:
         found.append(f"recompute must be one of {RECOMPUTE}, got {layout.recompute!r}")
     return found
@@ -176,10 +181,40 @@ def context_sizes(work, n_gpus):
     return [cp for cp in _divisors(n_gpus) if cp == 1 or work.seq_len // cp >= MIN_CP_TOKENS]
 
 
+def check_ep(model, ep, n_gpus):
+    """Refuse an ep no layout of `n_gpus` GPUs could use, with the rule book's sentence (ep
+    divides the experts and the ranks it borrows; a dense model takes only ep 1)."""
+    found = grid_problems(RankGrid(dp=n_gpus, ep=ep), model, Run(), "megatron")
+    if found:
+        raise ValueError(found[0])
+
+
+def expert_sizes(work, n_gpus):
+    """ep values worth trying: 1 for a dense model; for an MoE, every divisor of its experts
+    that divides `n_gpus` (the rule book drops those a layout's dp x cp x tp cannot lend)."""
+    experts = getattr(work.model, "n_experts", None)
+    return [1] if experts is None else [ep for ep in _divisors(experts) if n_gpus % ep == 0]
+
+
 def layouts(work, cluster, micro_batch_sizes=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
-            recomputes=RECOMPUTE, interleaves=(1, 2, 4), contexts=None, where="megatron"):
+            recomputes=RECOMPUTE, interleaves=(1, 2, 4), contexts=None, where="megatron",
+            experts=None):
     """Every valid layout of `work` on `cluster` over the given choices (`contexts`: the cp
-    values; by default `context_sizes`; `where`: whose rules, as `problems`)."""
+    values; by default `context_sizes`; `experts`: the ep values, by default `expert_sizes`;
+    `where`: whose rules, as `problems`)."""
+    for ep in experts or expert_sizes(work, cluster.n_gpus):
+        for layout in _grids(work, cluster, micro_batch_sizes, zero_stages, recomputes,
+                             interleaves, contexts, where):
+            if ep == 1:
+                yield layout
+                continue
+            layout = replace(layout, ep=ep)
+            if not problems(layout, work, cluster, where):
+                yield layout
+
+
+def _grids(work, cluster, micro_batch_sizes, zero_stages, recomputes, interleaves, contexts,
+           where):
     n, B = cluster.n_gpus, work.sequences
     for cp in contexts or context_sizes(work, n):
         if n % cp:

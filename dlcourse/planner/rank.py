@@ -32,7 +32,8 @@ ZERO_SHARDS = ["ZeRO: the optimizer state sharded",
 def techniques(layout):
     """What `layout` combines beyond one GPU or plain data parallelism, one name each."""
     axes = [f"{name} {size}" for name, size in (("tp", layout.tp), ("pp", layout.pp),
-                                                 ("cp", layout.cp)) if size > 1]
+                                                 ("cp", layout.cp),
+                                                 ("ep", getattr(layout, "ep", 1))) if size > 1]
     used = axes + ZERO_SHARDS[:layout.zero_stage]  # plain dp is the baseline: no technique
     used += [f"interleaving (v {layout.interleave})"] if layout.interleave > 1 else []
     return used + ([f"{layout.recompute} recomputation"] if layout.recompute != "none" else [])
@@ -234,6 +235,7 @@ def terms(e):
     return (f"{e.layout.describe():34} {e.memory / 1e9:5.1f} GB, step {e.step_time:6.3f} s = "
             f"compute {e.compute_time:6.3f} (bubble {e.bubble:.0%} of the step) + tp "
             f"{e.tp_time:5.3f}" + (f" + cp {e.cp_time:5.3f}" if e.cp_time else "")
+            + (f" + ep all-to-alls {e.ep_time:5.3f}" if e.ep_time else "")
             + f" + pp sends {e.pp_time:5.3f} + dp {e.dp_time:5.3f} + Adam "
             f"{e.optimizer_time:5.3f}; ${e.dollars_per_m_tokens:.3f}/M tokens")
 

@@ -1,0 +1,149 @@
+"""What a mixture of experts adds to a layout's memory and step time (lesson 09,
+`lessons/09_experts.ipynb`; issue 34). Every term is lesson 09's own count, scaled to a layout:
+
+    stage_params(spec, L, stage)   # {"dense", "experts"} parameters on one GPU of a stage
+    state_bytes(spec, L)           # model state of the busiest GPU, each part over its group
+    routed_rows(spec, tokens)      # rows the experts of a rank compute for `tokens` tokens
+    routed_activation_bytes(...)   # what one MoE layer saves for those rows, and the router's
+    active_flops_per_token(spec)   # 6 x active parameters + the attention scores' 12 L h s
+    all_to_all_bytes / _seconds    # lesson 09's k b s h (ep-1)/ep, four times a layer
+    expert_seconds(...)            # the experts' matmuls on the busiest rank
+
+Where the experts live (torchtitan b5bcd76, 2026-08-21, distributed/parallel_dims.py; the grid's
+`RankGrid.ep`): ep ranks borrowed from dp x cp x tp, innermost, each holding E/ep whole experts
+(not split over tp); their gradients are reduced, and ZeRO shards their state, over the
+`expert_data_parallel` ranks, dp x cp x tp / ep. The dense part (attention, norms, routers,
+shared experts, the dense layers' MLPs) is split over tp (norms and routers replicated) and
+reduced over dp x cp, as for a dense model.
+
+Tokens a rank routes: each of its b x s / cp tokens is cut over the tp ranks before the
+dispatch (torchtitan's TP + EP, Megatron-LM's sequence parallel with experts), so a rank sends
+k x b x s / (cp tp) rows. Load imbalance (`routed_rows`): the busiest rank's experts receive
+at most the capacity when a capacity factor c caps them (ceil(c k N / E) each, lesson 09's
+`capacity`), else DROPLESS_IMBALANCE times the mean, an assumption stated below.
+"""
+
+import math
+from dataclasses import replace
+
+from dlcourse.memory.accounting import model_state_bytes
+from dlcourse.moe import capacity
+from dlcourse.parallel.expert.measure import all_to_all_formula, all_to_all_time
+from dlcourse.planner.moe_spec import active_params, attention_params, mlp_params
+
+BYTES = 2  # bf16 parameters, gradients and activations (the planner's `timing.BYTES`)
+# The busiest expert against the mean when nothing caps it. Assumed, not measured: Switch
+# Transformer (Fedus et al. 2022, §2.2, Table 1) budgets 1.25x the mean (capacity factor 1.25)
+# as the slack its experts need; DeepSeek-V3's auxiliary-loss-free balancing (report §2.1.2)
+# publishes no figure. Not yet calibrated against a published run.
+DROPLESS_IMBALANCE = 1.25
+
+
+def stage_layers(spec, L, stage):
+    """Indices of the layers of pipeline `stage`: ceil(L/pp) a stage, the last the remainder."""
+    per = math.ceil(spec.n_layers / L.pp)
+    return range(stage * per, min(spec.n_layers, (stage + 1) * per))
+
+
+def stage_params(spec, L, stage):
+    """{"dense": ..., "experts": ...} parameters on one GPU of pipeline `stage`: its layers'
+    attention, shared experts and dense MLPs over tp, norms and routers whole, the embedding
+    (first stage) and the head and final norm (last) over tp; E/ep whole experts of each of
+    its MoE layers."""
+    h, moe = spec.hidden, set(spec.moe_blocks)
+    norm = 2 * h if spec.bias else h
+    shared = mlp_params(spec, spec.n_shared_experts * spec.moe_ffn) if spec.n_shared_experts \
+        else 0
+    dense = experts = 0
+    for i in stage_layers(spec, L, stage):
+        split = attention_params(spec) + (shared if i in moe else mlp_params(spec, spec.ffn))
+        dense += split / L.tp + 2 * norm + (spec.n_experts * h if i in moe else 0)
+        experts += (spec.n_experts // L.ep) * mlp_params(spec, spec.moe_ffn) if i in moe else 0
+    if stage == 0:
+        dense += (spec.vocab_size * h + (spec.seq_len * h if spec.learned_positions else 0)) / L.tp
+    if stage == L.pp - 1:
+        dense += (spec.vocab_size * h if not spec.tied or L.pp > 1 else 0) / L.tp + norm
+    return {"dense": dense, "experts": experts}
+
+
+def state_bytes(spec, L):
+    """Model state of the busiest GPU: the dense part's ZeRO state over dp x cp, the experts'
+    over the expert-data-parallel ranks (lesson 05's (2 + 2 + 12) bytes a parameter, divided
+    as the stage says); the most of any pipeline stage."""
+    groups = {"dense": L.replicas, "experts": L.grid.expert_data_parallel}
+    return max(sum(model_state_bytes(n, dp=groups[part], zero_stage=L.zero_stage).total
+                   for part, n in stage_params(spec, L, s).items() if n)  # a stage may hold
+               for s in range(L.pp))  # no experts (DeepSeek-V3's first, dense layers)
+
+
+def imbalance(spec):
+    """The busiest expert's rows against the mean: the capacity factor, or DROPLESS_IMBALANCE."""
+    return spec.capacity_factor or DROPLESS_IMBALANCE
+
+
+def routed_rows(spec, tokens, ep=1):
+    """Rows the E/ep experts of the busiest of ep ranks receive when each rank routes `tokens`
+    tokens (k copies of each): with a capacity factor, each expert at most lesson 09's
+    `capacity` of the group's ep x tokens; dropless, the mean k x tokens times
+    DROPLESS_IMBALANCE."""
+    if spec.capacity_factor:
+        cap = capacity(spec.capacity_factor, ep * tokens, spec.top_k, spec.n_experts)
+        return spec.n_experts // ep * cap
+    return spec.top_k * tokens * DROPLESS_IMBALANCE
+
+
+def routed_activation_bytes(spec, tokens, ep=1, mlp="eager"):
+    """Bytes one MoE layer saves for backward on a rank routing `tokens` tokens, beside the
+    attention's: each routed row's expert input (h) and output (h, for the combine's weight
+    gradient), the expert MLP's ffn-wide tensors (SwiGLU: 4 eager, 3 fused; GELU: 2, as
+    `activations.py` counts them), bf16; the router's fp32 logits and probabilities (2 E a
+    token); the shared experts as a dense MLP of their width on every token."""
+    per_row = 2 * spec.hidden + (2 if not spec.gated_mlp else 4 if mlp == "eager" else 3) \
+        * spec.moe_ffn
+    rows = routed_rows(spec, tokens, ep) * per_row * BYTES
+    router = 2 * spec.n_experts * tokens * 4
+    shared_width = spec.n_shared_experts * spec.moe_ffn
+    shared = tokens * (spec.hidden + (4 if spec.gated_mlp else 2) * shared_width) * BYTES \
+        if shared_width else 0
+    return rows + router + shared
+
+
+def active_flops_per_token(spec, seq_len):
+    """6 x the active parameters (lesson 09's `params_per_token`["active"], about 6 FLOPs each
+    in training) + 12 L h s for the attention scores (the planner's dense convention)."""
+    return 6 * active_params(spec) + 12 * spec.n_layers * spec.hidden * seq_len
+
+
+def rank_tokens(L, seq_len):
+    """Tokens one rank routes per micro-batch: b s / (cp tp)."""
+    return L.micro_batch * seq_len / (L.cp * L.tp)
+
+
+def all_to_all_bytes(spec, L, seq_len):
+    """Bytes that leave one rank in one all-to-all of one MoE layer, one micro-batch, routing
+    uniform: lesson 09's `all_to_all_formula`, k b s h (ep-1)/ep, bf16, b s the rank's tokens."""
+    return all_to_all_formula(replace(spec, seq_len=1), rank_tokens(L, seq_len), L.ep, BYTES)
+
+
+def all_to_all_seconds(spec, L, seq_len, cluster):
+    """The step's all-to-alls on one GPU: dispatch and combine, forward and backward (4 a MoE
+    layer and micro-batch) with lesson 09's `all_to_all_time` (alpha-beta, ep - 1 messages),
+    over NVLink when the ep ranks (consecutive, innermost) share a node, the network otherwise;
+    the busiest stage's MoE layers, m micro-batches; on the critical path."""
+    if L.ep == 1:
+        return 0.0
+    alpha, bw = cluster.link(L.ep)
+    one = all_to_all_time(replace(spec, seq_len=1), rank_tokens(L, seq_len), L.ep, alpha,
+                          1 / bw, BYTES)
+    layers = max(len(set(stage_layers(spec, L, s)) & set(spec.moe_blocks)) for s in range(L.pp))
+    return 4 * one * layers * L.micro_batches
+
+
+def expert_seconds(spec, L, seq_len, gpu):
+    """The experts' matmuls of the busiest rank and stage: 6 FLOPs a weight for each row its
+    E/ep experts receive (`routed_rows`, imbalance included), at the GPU's sustained matmul
+    rate."""
+    rows = routed_rows(spec, rank_tokens(L, seq_len), L.ep)
+    flops = 6 * rows * mlp_params(spec, spec.moe_ffn)
+    layers = max(len(set(stage_layers(spec, L, s)) & set(spec.moe_blocks)) for s in range(L.pp))
+    return flops * layers * L.micro_batches / (gpu.peak_flops * gpu.matmul_efficiency)

@@ -1,0 +1,116 @@
+"""An `Estimate` of a mixture of experts (lesson 09; issue 34): the dense planner's terms for
+what is dense (attention, norms, routers, shared experts, dense layers), `moe_cost.py`'s for the
+experts, added up as `estimate.py` adds a dense model's.
+
+Simplifications, each an upper bound or an approximation said here:
+- activations: every layer of the busiest stage is counted as the larger of an MoE layer (the
+  attention's tensors, the MLP input, the routed rows' tensors, `moe_cost.routed_activation_bytes`)
+  and a dense one; the first stage's micro-batches in flight (lesson 06's count), and the
+  loss's fp32 log-probabilities on it as well (an overcount when pp > 1);
+- the largest transient is the dense planner's (`transients.py`) for a dense layer as wide as
+  the busiest rank's routed rows make an MoE layer (`routed_width`), with the biggest layer's
+  parameters;
+- recomputation: none or full only (the selective and by-op policies are counted for dense
+  layers; `layouts.problems` refuses them for an MoE);
+- the expert-data-parallel traffic and Adam's step over the experts are the dense terms over
+  `RankGrid.expert_data_parallel` ranks that span the stage's dp x cp x tp (so the network
+  once they leave a node);
+- the element-wise kernels' memory traffic is not counted (the dense planner's
+  `elementwise_bytes` is); the matmuls are;
+- the all-to-alls are on the critical path, not overlapped (DeepSeek-V3's DualPipe hides them;
+  the planner does not).
+"""
+
+import math
+from dataclasses import replace
+
+from dlcourse.planner import margin
+from dlcourse.planner.activations import layer_activation_bytes
+from dlcourse.planner.estimate import Estimate, bubble_share, in_flight_micro_batches
+from dlcourse.planner.moe_cost import (BYTES, active_flops_per_token, all_to_all_seconds,
+                                       expert_seconds, rank_tokens, routed_activation_bytes,
+                                       routed_rows, stage_params, state_bytes)
+from dlcourse.planner.moe_spec import mlp_params
+from dlcourse.planner.timing import (cp_time, dp_time, optimizer_time, pp_time, shape_efficiency,
+                                     tp_time)
+from dlcourse.planner.transients import transient_bytes
+
+
+def _layer(work, L, spec):
+    return layer_activation_bytes(spec, work.seq_len // L.cp, L.micro_batch, tp=L.tp,
+                                  sequence_parallel=L.sequence_parallel, recompute=L.recompute,
+                                  attention=work.attention, mlp=work.mlp, bytes_per_value=BYTES)
+
+
+def layer_bytes(work, L):
+    """Bytes the larger of an MoE and a dense layer saves for one micro-batch on one GPU; with
+    full recomputation only its input (b s h / (cp tp) with sequence parallel)."""
+    spec = work.model
+    if L.recompute == "full":
+        return _layer(work, L, spec)
+    no_mlp = replace(spec, ffn=0)  # attention, norms and the MLP's (router's) input
+    moe = _layer(work, L, no_mlp) + routed_activation_bytes(
+        spec, rank_tokens(L, work.seq_len), L.ep, work.mlp)
+    dense = _layer(work, L, spec) if spec.first_dense or spec.moe_every > 1 else 0
+    return max(moe, dense)
+
+
+def moe_memory(work, L):
+    """Bytes on the busiest GPU: model state (`moe_cost.state_bytes`), activations in flight,
+    the largest transient."""
+    spec = work.model
+    layers = math.ceil(spec.n_layers / L.pp)
+    in_flight = in_flight_micro_batches(L.pp, L.micro_batches, L.interleave)
+    log_probs = 4 * work.seq_len / L.cp * L.micro_batch * spec.vocab_size / L.tp
+    activations = in_flight * layers * layer_bytes(work, L) + log_probs
+    one_layer = max(sum(stage_params(spec, L, s).values()) for s in range(L.pp)) / layers
+    wide = replace(work, model=replace(spec, ffn=routed_width(work, L)))
+    return state_bytes(spec, L) + activations + transient_bytes(wide, L, one_layer, True)
+
+
+def routed_width(work, L):
+    """The MLP width a dense layer would need to hold an MoE layer's ffn-wide tensors: the
+    busiest rank's routed rows a token (k x the imbalance) x moe_ffn, + the shared experts'
+    width; at least the dense layers' ffn. What the transients (a layer recomputed in
+    backward) are counted with."""
+    spec, tokens = work.model, rank_tokens(L, work.seq_len)
+    routed = routed_rows(spec, tokens, L.ep) / tokens * spec.moe_ffn
+    return max(round(routed) + spec.n_shared_experts * spec.moe_ffn,
+               spec.ffn if spec.first_dense or spec.moe_every > 1 else 0)
+
+
+def _expert_layout(L):
+    """`L` as the dense terms see the expert-data-parallel ranks: edp replicas over a span of
+    the stage's dp x cp x tp ranks (ep innermost, torchtitan's sparse mesh)."""
+    return replace(L, dp=L.grid.expert_data_parallel, cp=1, tp=L.ep)
+
+
+def moe_estimate(work, L, cluster):
+    """An `Estimate` of layout `L` training the MoE `work` on `cluster`."""
+    spec, gpu = work.model, cluster.gpu
+    memory = moe_memory(work, L)
+    tokens = work.batch_tokens / (L.replicas * L.pp)
+    expert_flops = 6 * len(spec.moe_blocks) * spec.top_k * mlp_params(spec, spec.moe_ffn)
+    flops = active_flops_per_token(spec, work.seq_len) - expert_flops
+    flops = flops * (4 / 3 if L.recompute == "full" else 1) + (
+        2 * spec.n_layers * spec.hidden * work.seq_len if work.attention == "fused" else 0)
+    shape = shape_efficiency(spec, L.micro_batch * work.seq_len // L.cp, L.tp, gpu)
+    dense = flops * tokens / L.tp / (gpu.peak_flops * gpu.matmul_efficiency * shape)
+    experts = expert_seconds(spec, L, work.seq_len, gpu) * (4 / 3 if L.recompute == "full" else 1)
+    bubble = bubble_share(L)
+    compute = (dense + experts) / (1 - bubble)
+    tp, pp, cp = tp_time(work, L, cluster), pp_time(work, L, cluster), cp_time(work, L, cluster)
+    ep = all_to_all_seconds(spec, L, work.seq_len, cluster)
+    heavy = max((stage_params(spec, L, s) for s in range(L.pp)),
+                key=lambda p: p["dense"] + p["experts"])
+    EL = _expert_layout(L)
+    dp_dense, hide = dp_time(work, L, cluster, heavy["dense"])
+    dp_experts, _ = dp_time(work, EL, cluster, heavy["experts"])
+    exposed_dp = max(0.0, dp_dense + dp_experts - hide * (dense + experts))
+    adam = optimizer_time(heavy["dense"], L, gpu) + optimizer_time(heavy["experts"], EL, gpu)
+    step = compute + tp + cp + pp + ep + exposed_dp + adam
+    model_flops = active_flops_per_token(spec, work.seq_len) * work.batch_tokens
+    return Estimate(
+        L, memory, margin.fits(gpu, L, memory), step, compute, bubble, tp, cp, pp, exposed_dp,
+        adam, work.batch_tokens / step, model_flops / (step * cluster.n_gpus * gpu.peak_flops),
+        cluster.dollars_per_hour() * step / 3600 / (work.batch_tokens / 1e6), ep_time=ep)

@@ -1,0 +1,196 @@
+"""The planner for mixtures of experts (issue 34): the expert axis of the one grid description
+(`RankGrid.ep`), its rows in the rule book, and `dlcourse plan --ep`."""
+
+from dataclasses import replace
+
+import pytest
+
+from dlcourse.cli import main
+from dlcourse.models import GPTConfig, MoEConfig
+from dlcourse.parallel.expert.groups import ep_layout
+from dlcourse.parallel.grid import RankGrid
+from dlcourse.parallel.rules import problems
+
+MOE = MoEConfig(vocab_size=64, seq_len=16, hidden=32, n_layers=2, n_heads=4, n_experts=8,
+                top_k=2)
+
+
+def test_the_expert_data_parallel_group_is_lesson_09s_when_ep_borrows_from_dp():
+    """tp = cp = 1: the grid's expert-data-parallel size is lesson 09's EDP groups' size."""
+    for dp, ep in ((4, 2), (8, 8), (8, 1), (6, 3)):
+        edp_groups = ep_layout(dp, ep)[1]
+        assert RankGrid(dp=dp, ep=ep).expert_data_parallel == len(edp_groups[0])
+    # torchtitan's efsdp = dp_shard x cp x tp / ep: ep may borrow cp and tp ranks too
+    assert RankGrid(dp=2, cp=2, tp=4, ep=8).expert_data_parallel == 2
+    assert RankGrid(dp=2, ep=2).experts_per_rank(MOE.n_experts) == 4
+
+
+@pytest.mark.parametrize("grid,needle", [
+    (RankGrid(dp=4, ep=8), "ep 8 does not divide the dp 4 x cp 1 x tp 1 = 4 ranks"),
+    (RankGrid(dp=6, ep=3), "ep 3 does not divide the 8 experts (8 / 3 = 2.66667)"),
+    (RankGrid(dp=3, tp=2, ep=4), "ep 4 does not divide the dp 3 x cp 1 x tp 2 = 6 ranks"),
+])
+def test_the_rule_book_refuses_a_bad_ep_with_the_arithmetic(grid, needle):
+    found = problems(grid, MOE, where="megatron")
+    assert any(needle in p for p in found), found
+
+
+def test_ep_on_a_dense_model_and_in_the_combined_grid_are_refused():
+    dense = GPTConfig(vocab_size=64, seq_len=16, hidden=32, n_layers=2, n_heads=4)
+    assert any("needs a mixture-of-experts model" in p
+               for p in problems(RankGrid(dp=2, ep=2), dense, where="megatron"))
+    good = RankGrid(dp=2, cp=2, tp=2, ep=8)  # torchtitan's rule: 8 divides 2 x 2 x 2
+    assert problems(good, MOE, where="megatron") == []
+    assert any("not built in the combined grid" in p for p in problems(good, MOE))
+    with pytest.raises(ValueError, match="whole number >= 1"):
+        RankGrid(dp=2, ep=0)
+
+
+@pytest.mark.parametrize("ep,needle", [("0", "--ep takes"), ("two", "--ep takes"),
+                                       ("2", "has no experts")])
+def test_plan_gives_a_bad_ep_one_line(capsys, ep, needle):
+    code = main(["plan", "--model", "llama-2-7b", "--gpus", "8", "--tokens-per-step", "1M",
+                 "--ep", ep])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and needle in err, err
+
+
+# --- the catalogue's mixtures of experts, and every MoE term against lesson 09's functions ---
+
+from dlcourse.memory.accounting import model_state_bytes  # noqa: E402
+from dlcourse.moe import capacity  # noqa: E402
+from dlcourse.parallel.expert.measure import (all_to_all_formula, all_to_all_time,  # noqa: E402
+                                              param_bytes, params_per_token)
+from dlcourse.planner import moe_cost  # noqa: E402
+from dlcourse.planner.catalog import model  # noqa: E402
+from dlcourse.planner.hardware import Cluster, gpu  # noqa: E402
+from dlcourse.planner.layouts import Layout  # noqa: E402
+from dlcourse.planner.moe_spec import active_params, from_config, moe_params  # noqa: E402
+
+COURSE_MOES = [MOE, MoEConfig(vocab_size=50, seq_len=12, hidden=24, n_layers=4, n_heads=2,
+                              n_experts=4, top_k=1, moe_every=2, n_shared_experts=2,
+                              expert_hidden=40, bias=False, tie_embeddings=False,
+                              capacity_factor=1.5)]
+
+
+@pytest.mark.parametrize("name,total,active", [("mixtral-8x7b", 46.7e9, 12.9e9),
+                                               ("deepseek-v3", 671e9, 37e9)])
+def test_the_catalogue_counts_the_published_totals_and_active_parameters(name, total, active):
+    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B) and the
+    DeepSeek-V3 report's abstract (671B, 37B activated), within 1.5%."""
+    spec = model(name)
+    split = moe_params(spec)
+    assert split["experts"] + split["dense"] == pytest.approx(total, rel=0.015)
+    assert active_params(spec) == pytest.approx(active, rel=0.015)
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_parameters_split_as_lesson_09_splits_them(config):
+    spec = from_config(config)
+    ones = param_bytes(config, 1, itemsize=1)
+    assert moe_params(spec) == ones
+    assert active_params(spec) == params_per_token(config)["active"]
+    for ep in (1, 2, 4):
+        if config.n_experts % ep == 0:
+            on_gpu = moe_cost.stage_params(spec, Layout(4, 1, 1, ep=ep), 0)
+            assert on_gpu == {k: v / 4 for k, v in param_bytes(config, ep).items()}
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_expert_state_is_sharded_over_lesson_09s_edp_group(config):
+    spec = from_config(config)
+    L = Layout(4, 1, 1, zero_stage=1, ep=2)
+    edp = len(ep_layout(4, 2)[1][0])
+    owned = param_bytes(config, 2, itemsize=1)
+    assert moe_cost.state_bytes(spec, L) == (
+        model_state_bytes(owned["dense"], dp=4, zero_stage=1).total
+        + model_state_bytes(owned["experts"], dp=edp, zero_stage=1).total)
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_all_to_alls_are_lesson_09s_formula_to_the_byte(config):
+    spec, cluster = from_config(config), Cluster(gpu("h100"), 8)
+    L = Layout(4, 1, 1, micro_batch=3, micro_batches=2, ep=4)
+    assert moe_cost.all_to_all_bytes(spec, L, config.seq_len) == \
+        all_to_all_formula(config, 3, 4, itemsize=2)
+    alpha, bw = cluster.link(4)
+    assert moe_cost.all_to_all_seconds(spec, L, config.seq_len, cluster) == pytest.approx(
+        4 * len(config.moe_blocks) * 2 * all_to_all_time(config, 3, 4, alpha, 1 / bw, 2))
+    assert moe_cost.all_to_all_seconds(spec, Layout(4, 1, 1, micro_batch=3, micro_batches=2),
+                                       config.seq_len, cluster) == 0
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_routed_rows_active_flops_and_imbalance(config):
+    spec, tokens, ep = from_config(config), 24, 2
+    rows = moe_cost.routed_rows(spec, tokens, ep)
+    if config.capacity_factor:
+        cap = capacity(config.capacity_factor, ep * tokens, config.top_k, config.n_experts)
+        assert rows == config.n_experts // ep * cap
+    else:
+        assert rows == config.top_k * tokens * moe_cost.DROPLESS_IMBALANCE
+    s = config.seq_len
+    assert moe_cost.active_flops_per_token(spec, s) == \
+        6 * params_per_token(config)["active"] + 12 * config.n_layers * config.hidden * s
+
+
+def test_one_expert_of_the_dense_width_costs_the_dense_models_flops_and_its_router():
+    """E = k = 1, the expert as wide as the dense MLP: the active FLOPs are the dense planner's
+    6 Psi + 12 L h s, plus 6 FLOPs for each of the router's L x h weights."""
+    from dlcourse.planner.catalog import LLAMA31_8B
+    from dlcourse.planner.moe_spec import MoESpec
+    from dlcourse.planner.timing import model_flops_per_token
+    fields = {f: getattr(LLAMA31_8B, f) for f in LLAMA31_8B.__dataclass_fields__}
+    one = MoESpec(**fields, n_experts=1, top_k=1, moe_ffn=LLAMA31_8B.ffn)
+    s, L, h = 8192, LLAMA31_8B.n_layers, LLAMA31_8B.hidden
+    assert moe_cost.active_flops_per_token(one, s) == \
+        model_flops_per_token(LLAMA31_8B, s) + 6 * L * h
+
+
+def test_an_moe_estimate_adds_its_terms_and_its_all_to_alls():
+    from dlcourse.planner.estimate import estimate
+    from dlcourse.planner.layouts import Workload
+    spec, cluster = model("mixtral-8x7b"), Cluster(gpu("h100"), 64)
+    work = Workload(spec, 4096, 4096 * 256)
+    L = Layout(8, 2, 4, zero_stage=1, micro_batch=1, micro_batches=32, ep=8)
+    e = estimate(work, L, cluster)
+    assert e.ep_time == moe_cost.all_to_all_seconds(spec, L, 4096, cluster) > 0
+    assert e.step_time == pytest.approx(e.compute_time + e.tp_time + e.cp_time + e.pp_time
+                                        + e.ep_time + e.dp_time + e.optimizer_time)
+    assert e.memory > moe_cost.state_bytes(spec, L)
+    wider = estimate(work, replace(L, ep=16), cluster)  # 16 ranks: over the network
+    assert wider.ep_time > e.ep_time and wider.memory < e.memory
+
+
+def test_plan_ranks_mixtral_with_the_ep_asked_for(capsys):
+    code = main(["plan", "--model", "mixtral-8x7b", "--gpus", "64", "--tokens-per-step", "1M",
+                 "--ep", "8", "--recompute", "none", "--top", "3"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("dp")]
+    assert code == 0 and rows and all(" ep8 " in r for r in rows), out
+
+
+def test_deepseek_v3s_published_layout_is_valid_and_its_speed_bracketed():
+    """Held out (`published_moe.py`): the report's PP16 x EP64 x ZeRO-1 DP layout passes the
+    rule book and fits on 2,048 H800s; the planner's bf16, all-to-alls-exposed estimate is above
+    the published 180K GPU-hours per trillion tokens and its FP8-rate, all-to-alls-hidden bound
+    below it (a miss of the issue's 25%, said in the module)."""
+    from dlcourse.planner.published_moe import deepseek_v3
+    found = deepseek_v3()
+    assert found["problems"] == [] and found["fits"]
+    assert found["lower"] < found["published"] < found["planner"]
+
+
+def test_the_transient_layer_is_as_wide_as_the_routed_rows():
+    """`routed_width` with a capacity factor: the busiest rank's E/ep experts at lesson 09's
+    capacity, per token, x the expert width, + the shared experts' width."""
+    from dlcourse.planner.layouts import Workload
+    from dlcourse.planner.moe_estimate import routed_width
+    config = COURSE_MOES[1]  # capacity 1.5, 2 shared experts of 40, moe_every 2
+    spec = from_config(config)
+    L = Layout(4, 1, 1, micro_batch=2, micro_batches=1, ep=2)
+    tokens = 2 * config.seq_len
+    cap = capacity(1.5, 2 * tokens, config.top_k, config.n_experts)
+    expected = round(config.n_experts // 2 * cap / tokens * 40) + 2 * 40
+    assert routed_width(Workload(spec, config.seq_len, 8 * config.seq_len), L) == \
+        max(expected, 4 * config.hidden)
