@@ -45,6 +45,7 @@ LESSONS = [
     Lesson("08", "context_parallel", "context parallel"),
     Lesson("09", "experts", "experts"),
     Lesson("10", "debugging", "debugging"),
+    Lesson("11", "checkpoints", "checkpoints and failures"),
 ]
 
 SERVES = {  # module of the library -> (the lesson it serves, what it holds for it)
@@ -71,6 +72,8 @@ SERVES = {  # module of the library -> (the lesson it serves, what it holds for 
     "dlcourse.parallel.expert": ("09", "experts sharded, tokens dispatched by all-to-all"),
     "dlcourse.strategies.expert": ("09", "EP + DP on the MoE GPT"),
     "dlcourse.debug": ("10", "the divergence and hang finders, the catalogue of bugs"),
+    "dlcourse.checkpoint": ("11", "resume state, sharded checkpoints, resharding, a rank killed"),
+    "dlcourse.strategies.checkpoint": ("11", "the tour's row: a rank killed, the run resumed"),
 }
 
 

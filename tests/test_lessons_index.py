@@ -53,8 +53,8 @@ def test_a_lesson_is_found_by_its_number_and_a_wrong_one_says_which_exist():
     assert lesson(3).notebook == "lessons/03_data_parallel.ipynb"
     assert lesson("10").slug == "debugging"
     try:
-        lesson(11)
+        lesson(12)
     except ValueError as error:
-        assert "00-10" in str(error)
+        assert "00-11" in str(error)
     else:
-        raise AssertionError("lesson(11) should raise")
+        raise AssertionError("lesson(12) should raise")

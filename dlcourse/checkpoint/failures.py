@@ -10,8 +10,9 @@ step `step + 1` on the first attempt (a machine gone: no exception, no cleanup);
 the rank vanish, stops the others, raises `RankError`, and `run_with_restarts` launches the job
 again, as `torchrun --max-restarts` restarts its workers. `kill_in_save=(rank, step)` kills the
 rank in the middle of the save of step `step`, after its file is written and before the commit.
-Each rank appends every step it finishes to a progress file, so the steps redone are counted, not
-assumed.
+`forget=("rng",)` makes every resume leave those pieces out (`resume.restore`): a broken resume,
+for the tour's row and its test to catch. Each rank appends every step it finishes to a progress
+file, so the steps redone are counted, not assumed.
 """
 
 import os
@@ -31,7 +32,7 @@ def _die():
     os.kill(os.getpid(), signal.SIGKILL)  # no exception, no atexit, no flush: as a lost node
 
 
-def train_job(root, cfg, total_steps, every, kill=None, kill_in_save=None):
+def train_job(root, cfg, total_steps, every, kill=None, kill_in_save=None, forget=()):
     """On every rank: resume from the newest checkpoint under `root` (or start), train to
     `total_steps`; returns (the step it resumed from, {name: whole parameter}, losses)."""
     group = dist.group.WORLD
@@ -39,7 +40,7 @@ def train_job(root, cfg, total_steps, every, kill=None, kill_in_save=None):
     run = TrainRun(cfg, group)
     path = latest(root)
     if path is not None:
-        restore(run, load_rank_state(path, rank, world_size))
+        restore(run, load_rank_state(path, rank, world_size), forget)
     resumed_from, losses = run.steps_done, []
     while run.steps_done < total_steps:
         if kill == (rank, run.steps_done):
@@ -70,7 +71,7 @@ class Outcome:
 
 
 def run_with_restarts(root, cfg, total_steps, every, kill=None, kill_in_save=None,
-                      max_restarts=3, world_size=2, timeout=120):
+                      max_restarts=3, world_size=2, timeout=120, forget=()):
     """Launch `train_job` until an attempt finishes (at most max_restarts restarts). The kills
     happen on the first attempt only: a machine that failed is replaced."""
     os.makedirs(root, exist_ok=True)
@@ -79,7 +80,7 @@ def run_with_restarts(root, cfg, total_steps, every, kill=None, kill_in_save=Non
         plan = dict(kill=kill, kill_in_save=kill_in_save) if attempt == 0 else {}
         try:
             results = dlcourse.launch(train_job, root, cfg, total_steps, every, **plan,
-                                      world_size=world_size, timeout=timeout)
+                                      forget=forget, world_size=world_size, timeout=timeout)
         except RankError as error:
             failures.append(f"attempt {attempt}: rank {error.rank} {error.failures.get(error.rank)}")
             continue

@@ -73,4 +73,4 @@ def grid_subject(plan, cfg):
     return grid_strategies.build(plan, cfg, plan.grid.new_groups())
 
 
-SUBJECTS = {name: FinderView(strategy) for name, strategy in CATALOGUE.items()}
+SUBJECTS = {name: FinderView(strategy) for name, strategy in CATALOGUE.items() if strategy.finder}

@@ -10,7 +10,8 @@ from dlcourse.parallel.context import check_cp
 from dlcourse.parallel.data.compare import DDP
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.tensor import check_tp
-from dlcourse.strategies import combine, context, data, expert, pipeline, tensor, zero
+from dlcourse.strategies import (checkpoint, combine, context, data, expert, pipeline, tensor,
+                                 zero)
 from dlcourse.strategies.config import MATCH_TOLERANCE, StrategyConfig
 
 
@@ -29,9 +30,15 @@ class Strategy:
     finder_config: dict = field(default_factory=dict)
     note: str = ""  # what the finder cannot compare for it, and why; in its report
     tour: bool = True  # a row of `dlcourse tour` (False: the finder's only, e.g. with dropout)
+    finder: bool = True  # a subject of lesson 10's finder (False: it cannot run it, e.g. a kill)
+    # fn(cfg) -> the tour's RowResult, from launches of its own after the tour's shared job, for
+    # a row that would break that job (a rank that kills itself); it picks its own world size
+    own_job: object = None
 
     def check(self, cfg, world_size):
         """The grid it would run on at `world_size`; ValueError before any rank starts."""
+        if self.own_job is not None:  # its own launches, at its own `ranks`
+            return None
         if self.ranks is not None and self.ranks != world_size:
             raise NeedsRanks(self.ranks)
         return self.grid(cfg, world_size)
@@ -112,6 +119,10 @@ STRATEGIES = [
       for name, method in context.METHODS.items()],
     Strategy("EP + DP (lesson 09, MoE GPT)", "09", expert.ep_grid, expert.build,
              reference=expert.moe_model, loss=moe_loss),
+    # lesson 11's TP run with dropout: killed, relaunched, resumed; compared with it unkilled
+    Strategy("TP + kill a rank, resume from checkpoint (lesson 11)", "11", whole("tp"), None,
+             ranks=checkpoint.RANKS, tolerance=0.0, finder=False, own_job=checkpoint.kill_row,
+             note="a rank killed is no step the finder can record beside one process"),
 ]
 
 CATALOGUE = {s.name: s for s in STRATEGIES}

@@ -10,7 +10,9 @@ A row is a catalogue entry with `tour=True`; one runner (`rows.py`) trains and m
 one the same way, and every row of the chosen world size runs in one job (one launch: the ranks
 start once). A row that cannot run on that many ranks (tp must divide the heads; Ulysses' cp
 too; ep must divide the experts) says why and is left out; one that needs another world size (a
-lesson 07 grid of 8 ranks) says which.
+lesson 07 grid of 8 ranks) says which. A row that would break a shared job (lesson 11's, which
+kills a rank) declares `own_job`: it runs after that job in launches of its own, at its own world
+size, and its note (restarts, steps redone, launches) is printed under the table.
 """
 
 from tqdm.auto import tqdm
@@ -37,17 +39,28 @@ def run(world_size=4, steps=5, backend="auto", rows=None, out=print):
     out(f"dlcourse tour: GPT of {count_params(cfg.model):,} parameters, {steps} AdamW steps, global batch "
         f"{cfg.global_batch}; {world_size} ranks on {backend}" + (f" ({why})" if why else ""))
     runnable = _runnable(ROWS if rows is None else rows, cfg, world_size, out)
+    shared = [row for row in runnable if row.own_job is None]
+    own = [row for row in runnable if row.own_job is not None]
     with tqdm(total=len(runnable) + 1, desc="strategies", unit="row", leave=False) as progress:
         reference = train_reference(cfg)
         progress.update()
-        per_rank = dlcourse.launch(run_rows, runnable, cfg, world_size=world_size,
-                                   backend=backend, timeout=600) if runnable else []
-        progress.update(len(runnable))
+        per_rank = dlcourse.launch(run_rows, shared, cfg, world_size=world_size,
+                                   backend=backend, timeout=600) if shared else []
+        progress.update(len(shared))
+        results = [_busiest([results[i] for results in per_rank]) for i in range(len(shared))]
+        for row in own:  # after the shared job: a row that kills a rank must not stop it
+            results.append(row.own_job(cfg))
+            progress.update()
     table = [_summarise(REFERENCE, MATCH_TOLERANCE, reference, reference.params, 1)]
-    for i, row in enumerate(runnable):
-        result = _busiest([results[i] for results in per_rank])
-        table.append(_summarise(row.name, row.tolerance, result, reference.params, world_size))
+    for row, result in zip(shared + own, results):
+        table.append(_summarise(row.name, row.tolerance, result, reference.params,
+                                row.ranks if row.own_job else world_size))
+        if result.note:
+            table[-1]["note"] = result.note  # printed under the table, not a column
     out(format_table(table))
+    for row in table:
+        if row.get("note"):
+            out(f"note: {row['strategy']}: {row['note']}")
     return table
 
 
@@ -87,7 +100,7 @@ def _summarise(name, tolerance, result, reference, ranks):
         "model-state bytes/rank": result.state_bytes,
         "activation bytes (busiest rank)": result.activation_bytes,
         "comm bytes/step/rank": result.comm_bytes,
-        "step time (ms)": 1000 * result.step_time,
+        "step time (ms)": None if result.step_time is None else 1000 * result.step_time,
     }
 
 

@@ -1,6 +1,7 @@
 """The tour's one row runner (`dlcourse tour`, see `dlcourse/tour/__init__.py`): any entry of the
 catalogue (`dlcourse.strategies`) trained, timed and measured the same way, on every rank of a
-job that runs every row of one world size."""
+job that runs every row of one world size. An entry with `own_job` (one that kills a rank) is not
+run here: the tour calls its `own_job` after that job, in launches of its own."""
 
 import statistics
 import time
@@ -20,13 +21,14 @@ class RowResult:
     params: dict  # name -> full parameter tensor after training (on CPU), for the comparison
     state_bytes: int  # parameters + gradients + optimizer state held by this rank
     comm_bytes: int | None  # bytes this rank's collectives moved per step; None if not counted
-    step_time: float  # median seconds per step
+    step_time: float | None  # median seconds per step (None: not timed step by step)
     # the most activation bytes autograd held at once in one step (lesson 01's SavedTensorLog),
     # the batch not counted; None where the strategy's parameters are beyond that log
     activation_bytes: int | None = None
     # one process's parameters for a strategy that trains another model than the tour's GPT
     # (interleaved 1F1B's deeper GPT, the MoE GPT): compared with this instead of the reference's
     reference: dict | None = None
+    note: str = ""  # what the table's columns cannot say (a row of its own job: restarts, launches)
 
 
 def run_rows(strategies, cfg):
