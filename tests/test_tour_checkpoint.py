@@ -7,8 +7,10 @@ dropouts draw other masks) must make the same row report a mismatch."""
 from dataclasses import replace
 from functools import partial
 
+import pytest
+
 from dlcourse import tour
-from dlcourse.debug import SUBJECTS
+from dlcourse.debug import SUBJECTS, find_divergence
 from dlcourse.strategies import CATALOGUE, TourConfig
 from dlcourse.strategies.checkpoint import kill_row
 
@@ -46,3 +48,5 @@ def test_the_row_runs_at_its_own_world_size_and_is_no_finder_subject():
     assert tour._runnable([entry], TourConfig(), 4, said.append) == [entry] and said == []
     assert NAME not in SUBJECTS and not entry.finder
     assert all(name in SUBJECTS for name, s in CATALOGUE.items() if s.finder)
+    with pytest.raises(ValueError, match="is no subject of the finder: a rank killed"):
+        find_divergence(NAME)  # one clear line, before any rank starts

@@ -29,6 +29,7 @@ from dlcourse.debug.capture import ActivationLog, gradients_shown, intercept_ste
 from dlcourse.debug.compare import compare_trace
 from dlcourse.debug.subjects import SUBJECTS, DebugConfig, Subject
 from dlcourse.models import lm_loss
+from dlcourse.strategies import CATALOGUE as STRATEGIES
 from dlcourse.strategies.trainer import mean_loss
 
 PHASES = ("parameters before step 1", "activations", "gradients", "parameters after the step")
@@ -204,7 +205,9 @@ def job(name, bug=None, cfg=None):
     checks): the strategy and the bug checked against SUBJECTS and the catalogue, the config the
     strategy needs (its world size's) with what the bug needs to show."""
     if name not in SUBJECTS:
-        raise ValueError(f"unknown strategy {name!r}; choose from {list(SUBJECTS)}")
+        entry = STRATEGIES.get(name)  # in the catalogue but declared finder=False: say why
+        raise ValueError(f"{name!r} is no subject of the finder: {entry.note}" if entry else
+                         f"unknown strategy {name!r}; choose from {list(SUBJECTS)}")
     if bug is not None and not isinstance(bug, Bug) and bug not in CATALOGUE:
         raise ValueError(f"unknown bug {bug!r}; the catalogue has {list(CATALOGUE)}")
     cfg = cfg or replace(DebugConfig(), **SUBJECTS[name].config)  # what the strategy needs

@@ -19,7 +19,9 @@ Adding a strategy for a new lesson, in order:
   2. a build here, `dlcourse/strategies/<name>.py`: `build(cfg, groups) -> Trainer` (a custom
      `count` or `state_bytes` only where the defaults do not measure it, e.g. a pipeline's sends);
   3. its entry in `catalogue.py`'s STRATEGIES (name, lesson, grid, build; `ranks` if it needs a
-     fixed world size; `reference` if it is not compared with the plain GPT);
+     fixed world size; `reference` if it is not compared with the plain GPT; `own_job` for a row
+     that must not share the tour's job, as lesson 11's that kills a rank, and `finder=False`
+     where the finder cannot run it);
   4. its exercise set in `dlcourse/checks/`, its lesson, and its line (with this module) in
      `dlcourse/lessons.py`.
 The tour's row, the finder's subject (tests/test_debug_tour.py runs every entry through it) and

@@ -39,7 +39,8 @@ def kill_row(cfg=None, forget=()):
         end = time.perf_counter()
         state, saved = checkpoint_bytes(latest(os.path.join(root, "killed")))
     _, params, losses = killed.results[0]
-    note = (f"{killed.restarts} restart{'s' * (killed.restarts != 1)}, {killed.redone} steps redone, checkpoint {saved:,} B/rank;"
+    restarts = f"{killed.restarts} restart" + "s" * (killed.restarts != 1)
+    note = (f"{restarts}, {killed.redone} steps redone, checkpoint {saved:,} B/rank;"
             f" {STEPS} steps of lesson 11's run (not the tour's), 1 + {killed.restarts + 1} "
             f"launches: {middle - start:.1f} s uninterrupted, {end - middle:.1f} s killed")
     return RowResult(losses[-1], params, state, None, None, reference=whole.results[0][1],
