@@ -71,7 +71,7 @@ class Outcome:
 
 
 def run_with_restarts(root, cfg, total_steps, every, kill=None, kill_in_save=None,
-                      max_restarts=3, world_size=2, timeout=120, forget=()):
+                      max_restarts=3, world_size=2, timeout=120, forget=(), backend="auto"):
     """Launch `train_job` until an attempt finishes (at most max_restarts restarts). The kills
     happen on the first attempt only: a machine that failed is replaced."""
     os.makedirs(root, exist_ok=True)
@@ -80,7 +80,8 @@ def run_with_restarts(root, cfg, total_steps, every, kill=None, kill_in_save=Non
         plan = dict(kill=kill, kill_in_save=kill_in_save) if attempt == 0 else {}
         try:
             results = dlcourse.launch(train_job, root, cfg, total_steps, every, **plan,
-                                      forget=forget, world_size=world_size, timeout=timeout)
+                                      forget=forget, world_size=world_size, backend=backend,
+                                      timeout=timeout)
         except RankError as error:
             failures.append(f"attempt {attempt}: rank {error.rank} {error.failures.get(error.rank)}")
             continue

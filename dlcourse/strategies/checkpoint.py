@@ -6,7 +6,8 @@ It is no `build(cfg, groups)`: a rank that SIGKILLs itself would take every othe
 job with it, so the entry declares `own_job=kill_row` and the tour runs it after the shared job,
 in launches of its own (3: the uninterrupted run, the attempt killed, the restart). It trains
 lesson 11's `RunConfig` (lesson 04's 2-rank TP GPT, float64, dropout on), not the tour's GPT, for
-its own 7 steps: the tour's --steps and --world-size do not change it.
+its own 7 steps, on gloo (its tensors live on the CPU): the tour's --steps, --world-size and
+--backend do not change it.
 """
 
 import os
@@ -32,10 +33,10 @@ def kill_row(cfg=None, forget=()):
     with tempfile.TemporaryDirectory(prefix="dlcourse_kill_row_") as root:
         start = time.perf_counter()
         whole = run_with_restarts(os.path.join(root, "whole"), RunConfig(), STEPS, EVERY,
-                                  world_size=RANKS)
+                                  world_size=RANKS, backend="gloo")
         middle = time.perf_counter()
         killed = run_with_restarts(os.path.join(root, "killed"), RunConfig(), STEPS, EVERY,
-                                   kill=KILL, world_size=RANKS, forget=forget)
+                                   kill=KILL, world_size=RANKS, forget=forget, backend="gloo")
         end = time.perf_counter()
         state, saved = checkpoint_bytes(latest(os.path.join(root, "killed")))
     _, params, losses = killed.results[0]
