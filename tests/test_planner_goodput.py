@@ -62,7 +62,7 @@ def test_plan_includes_failures_by_default_and_leaves_them_out_when_asked():
         assert a.dollars_per_m_tokens == pytest.approx(b.dollars_per_m_tokens / g, rel=1e-12)
         assert a.mfu == b.mfu
     assert goodput_line(with_f.failures) in format_plan(with_f)
-    assert f"goodput {g:.1%} at 64 GPUs" in format_plan(with_f)
+    assert f"goodput {g:.2%} at 64 GPUs" in format_plan(with_f)
     assert "goodput" not in format_plan(without).replace("leave failures out", "")
 
 
@@ -80,7 +80,7 @@ def test_dlcourse_plan_no_failures_flag(capsys):
     assert main([*argv, "--no-failures"]) == 0
     off = capsys.readouterr().out
     g = lesson11_goodput(64, spec_params(model("llama-2-7b")))
-    assert "--no-failures leaves it out" in on and f"goodput {g:.1%}" in on
+    assert "--no-failures leaves it out" in on and f"goodput {g:.2%}" in on
     assert "leave failures out (--no-failures)" in off and "goodput " not in off
     ratio = _first_row_tokens_per_s(on) / _first_row_tokens_per_s(off)
     assert ratio == pytest.approx(g, abs=2e-6)  # both printed to the token

@@ -71,8 +71,8 @@ def goodput_line(cost):
     if cost is None:
         return ("tokens/s and $/M tok leave failures out (--no-failures): in-step figures, as "
                 "MFU")
-    return (f"goodput {cost.goodput:.1%} at {cost.n_gpus:,} GPUs: checkpoint every "
-            f"{cost.interval_s:,.0f} s (Daly; δ = {cost.delta_s:.1f} s to write "
+    return (f"goodput {cost.goodput:.2%} at {cost.n_gpus:,} GPUs: checkpoint every "
+            f"{cost.interval_s:,.0f} s (Daly; δ = {cost.delta_s:.2g} s to write "
             f"{SAVED_BYTES_PER_PARAM} B x Ψ at {STORAGE_BW / 1e12:g} TB/s), MTBF "
             f"{cost.mtbf_s / 3600:,.1f} h (Llama 3's failure rate), restart "
             f"{cost.restart_s / 60:.0f} min; tokens/s and $/M tok include it, MFU and step s do "
