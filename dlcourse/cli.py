@@ -86,7 +86,7 @@ def plan(args):
             choices["experts"] = (values["ep"],)
         work = Workload(replace(spec, seq_len=max(spec.seq_len, seq_len)), seq_len, tokens,
                         attention=args.attention, mlp=args.mlp, loss=args.loss)
-        result = make_plan(work, cluster, **choices)
+        result = make_plan(work, cluster, include_failures=not args.no_failures, **choices)
     except ValueError as error:
         print(f"dlcourse plan: {error}", file=sys.stderr)
         return 2
@@ -190,6 +190,9 @@ def _add_plan(sub):
     p.add_argument("--loss", default="in place",
                    help="the loss kernel's peak: 'in place' (Megatron-LM, the default), "
                         "'fp32 eager' (torchtitan) or 'fp32 eager, pred kept'")
+    p.add_argument("--no-failures", action="store_true",
+                   help="leave failures out: tokens/s and $ per step as if nothing failed "
+                        "(default: times the goodput of lesson 11, planner/failures.py)")
     p.set_defaults(run=plan)
 
 

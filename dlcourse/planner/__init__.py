@@ -14,6 +14,7 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
     activations.py what one layer of any model saves for backward, tensor by tensor
     timing.py      the step's terms: matmuls, element-wise kernels, Adam, tp / pp / dp traffic
     calibration.py the one measured constant: what a matmul keeps of its MAMF inside a layer
+    failures.py    the goodput term (lesson 11's goodput.py): tokens/s and $ include failures
     rank.py        plan(): the ranked table, the recommendation (the simplest of the layouts
                    that tie within the planner's error), why it beat the runner-up, the
                    Pareto front of cost against time, and why nothing fits when nothing does

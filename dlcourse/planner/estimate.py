@@ -68,6 +68,7 @@ class Estimate:
     mfu: float  # model FLOPs (6Ψ + 12Lhs per token) / (time x GPUs x peak)
     dollars_per_m_tokens: float
     ep_time: float = 0.0  # expert parallel's all-to-alls (an MoE, `moe_estimate.py`)
+    goodput: float = 1.0  # time kept despite failures, in tokens/s and $ already (`failures.py`)
 
 
 def layer_params(spec):

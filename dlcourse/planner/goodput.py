@@ -1,5 +1,6 @@
 """What failures cost a long run: interruptions, the checkpoint interval, goodput (lesson 11,
-`lessons/11_checkpoints.ipynb`; the planner multiplies its tokens/s by `goodput_factor`).
+`lessons/11_checkpoints.ipynb`; the planner multiplies its tokens/s by `goodput_factor`, see
+`planner/failures.py`).
 
 The failure rate, from Llama 3 (Dubey et al. 2024, §3.3.4, Table 5): a 54-day snapshot of
 pre-training on 16,384 H100s saw 466 job interruptions, 47 planned and 419 unexpected. Assuming
@@ -78,26 +79,36 @@ class FailureCost:
     mtbf_s: float  # M
     interruptions_per_day: float
     delta_s: float  # δ: one checkpoint's write
-    interval_s: float  # τ*, Young's
+    interval_s: float  # τ*, Young's (or Daly's, as asked)
     lost_per_failure_s: float  # τ*/2 + R
     goodput: float  # at τ*
+    restart_s: float = 0.0  # R
+    rule: str = "young"  # whose interval τ* is
+
+
+INTERVALS = {"young": young_interval_s, "daly": daly_interval_s}
 
 
 def failure_cost(n_gpus, state_bytes, bandwidth_bytes_s, restart_s=0.0,
-                 rate_per_gpu_hour=LLAMA3_RATE):
-    """Everything above for one cluster and model state, at Young's interval."""
+                 rate_per_gpu_hour=LLAMA3_RATE, interval="young"):
+    """Everything above for one cluster and model state, at Young's interval (or Daly's with
+    interval="daly": the planner's choice)."""
+    if interval not in INTERVALS:
+        raise ValueError(f"interval must be one of {sorted(INTERVALS)}, got {interval!r}")
     m = mtbf_s(n_gpus, rate_per_gpu_hour)
     delta = write_time_s(state_bytes, bandwidth_bytes_s)
-    tau = young_interval_s(delta, m)
+    tau = INTERVALS[interval](delta, m)
     return FailureCost(n_gpus, m, interruptions_per_day(n_gpus, rate_per_gpu_hour), delta, tau,
-                       lost_per_failure_s(tau, restart_s), goodput(tau, delta, m, restart_s))
+                       lost_per_failure_s(tau, restart_s), goodput(tau, delta, m, restart_s),
+                       restart_s, interval)
 
 
 def goodput_factor(n_gpus, state_bytes, bandwidth_bytes_s, restart_s=0.0,
-                   rate_per_gpu_hour=LLAMA3_RATE, include_failures=True):
+                   rate_per_gpu_hour=LLAMA3_RATE, include_failures=True, interval="young"):
     """What the planner multiplies its tokens/s by (and divides its $/M tokens by): the goodput at
-    Young's interval, or 1.0 with include_failures=False (the planner's flag to leave it out)."""
+    Young's (or Daly's) interval, or 1.0 with include_failures=False (the planner's flag to leave
+    it out; `planner/failures.py` calls this with Daly's interval)."""
     if not include_failures:
         return 1.0
     return failure_cost(n_gpus, state_bytes, bandwidth_bytes_s, restart_s,
-                        rate_per_gpu_hour).goodput
+                        rate_per_gpu_hour, interval).goodput

@@ -287,6 +287,8 @@ def candidates(run):
 def best_candidate(run):
     """(work, Estimate) of the planner's fastest candidate that fits in memory (any candidate,
     for a run whose `memory_miss` says why none fits); (None, None) if no candidate fits."""
+    # estimate(), not rank.plan(): in-step figures without the goodput term (`failures.py`), as
+    # the published throughputs are measured over steps in which nothing failed
     pairs = [(w, estimate(w, L, run.cluster)) for w, L in candidates(run)]
     fitting = [(w, e) for w, e in pairs if ran(run, e) or run.memory_miss]
     if not fitting:

@@ -19,6 +19,7 @@ simple ones), and `why` says in numbers why it beat the runner-up.
 from dataclasses import dataclass, field, replace
 
 from dlcourse.planner import margin
+from dlcourse.planner.failures import cost_at_scale, goodput_line, with_failures
 from dlcourse.planner.estimate import estimate
 from dlcourse.planner.hardware import GPUS, PRICE_CAVEAT, Cluster
 from dlcourse.planner.layouts import layouts
@@ -58,6 +59,7 @@ class Plan:
     ranked: list  # Estimates that fit, cheapest first (simpler first among equals)
     smallest: object = None  # the Estimate needing the least memory (to explain a miss)
     advice: list = field(default_factory=list)  # what would fit, when nothing does
+    failures: object = None  # goodput.py's FailureCost in tokens/s and $, None if left out
 
     @property
     def cheapest(self):
@@ -87,9 +89,12 @@ class Plan:
         return next((e for e in self.ranked if e is not self.recommended), None)
 
 
-def plan(work, cluster, advise=True, **choices):
-    """Estimate every valid layout of `work` on `cluster` (`choices` narrow `layouts`'s)."""
-    estimates = [estimate(work, L, cluster) for L in layouts(work, cluster, **choices)]
+def plan(work, cluster, advise=True, include_failures=True, **choices):
+    """Estimate every valid layout of `work` on `cluster` (`choices` narrow `layouts`'s); their
+    tokens/s and $ include failures (`failures.py`) unless include_failures=False."""
+    cost = cost_at_scale(work, cluster, include_failures)
+    estimates = [with_failures(estimate(work, L, cluster), cost)
+                 for L in layouts(work, cluster, **choices)]
     if not estimates:
         raise ValueError(f"no layout of {cluster.n_gpus} GPUs splits a batch of "
                          f"{work.sequences:,} sequences of {work.model.name}: every layout needs "
@@ -97,7 +102,7 @@ def plan(work, cluster, advise=True, **choices):
                          "micro-batches, and tp within a node; use a larger batch or fewer GPUs")
     fitting = sorted((e for e in estimates if e.fits),
                      key=lambda e: (e.dollars_per_m_tokens, simplicity(e.layout)))
-    result = Plan(work, cluster, fitting, min(estimates, key=lambda e: e.memory))
+    result = Plan(work, cluster, fitting, min(estimates, key=lambda e: e.memory), failures=cost)
     if not fitting and advise:
         result.advice = what_would_fit(work, cluster, **choices)
     return result
@@ -156,6 +161,7 @@ def format_plan(p, top=8, out=None):
     return "\n".join([head, f"{len(p.ranked)} layouts fit; the {min(top, len(p.ranked))} "
                             "cheapest (GB/GPU: the tensors counted at the peak; bubble: the "
                             "pipeline's idle share of the step, lesson 06):", *lines,
+                      goodput_line(p.failures),
                       f"Recommended: {r.layout.describe()}, ${r.dollars_per_m_tokens:.3f} per "
                       f"million tokens (${low:.3f} to ${high:.3f}: the planner's error on "
                       f"{len(RUNS)} published runs), {r.mfu:.0%} MFU",
