@@ -2,7 +2,8 @@
 state saved by one layout and loaded by another, a rank killed and the run resumed bit for bit.
 
     run.py       the run lesson 11 interrupts: TP GPT with dropout, AdamW, LR schedule, data stream
-    resume.py    resume_state / restore, and lesson 10's finder naming what a forgetful resume breaks
+    resume.py    resume_state / restore: what a resume needs
+    forgetting.py lesson 10's finder naming where a resume that forgets a piece parts
     files.py     a checkpoint folder that is whole or absent: write, then commit by one rename
     boxes.py     which part of a whole tensor a shard holds (offsets, sizes), and their overlap
     sharded.py   each rank writes its pieces, one metadata file; any layout loads from it
@@ -15,8 +16,8 @@ What failures cost at scale (interruptions, Young's interval, goodput) is the pl
 """
 
 from dlcourse.checkpoint.files import CheckpointError, latest, read_metadata, save_checkpoint
-from dlcourse.checkpoint.resume import PIECES, restore, resume_divergences, resume_state
+from dlcourse.checkpoint.resume import PIECES, restore, resume_state
 from dlcourse.checkpoint.run import RunConfig, TrainRun
 
 __all__ = ["PIECES", "CheckpointError", "RunConfig", "TrainRun", "latest", "read_metadata",
-           "restore", "resume_divergences", "resume_state", "save_checkpoint"]
+           "restore", "resume_state", "save_checkpoint"]

@@ -2,7 +2,8 @@
 (`dlcourse/checks/core/answers.py`): the lesson's resume (`checkpoint.resume`: `resume_state`,
 `restore`), its checkpoint files (`checkpoint.files`: the completeness check), its reshard
 (`checkpoint.sharded`, `checkpoint.boxes`, `checkpoint.reshard`), the kill driver and the torch
-API modules, the planner's failure arithmetic (`planner.goodput`), torch's DCP save and load, and
+API modules, the planner's failure arithmetic (`planner.goodput`, `planner.failures`), torch's DCP
+save and load, and
 these checks' own code. The run the first exercise saves (`checkpoint.run`: `TrainRun`,
 `DataStream`) is not refused: its methods are what a resume calls.
 """
@@ -13,7 +14,8 @@ CHECKPOINTS = Answers(
     packages=("dlcourse.checkpoint.resume", "dlcourse.checkpoint.files",
               "dlcourse.checkpoint.sharded", "dlcourse.checkpoint.boxes",
               "dlcourse.checkpoint.reshard", "dlcourse.checkpoint.failures",
-              "dlcourse.checkpoint.torch_api", "dlcourse.planner.goodput"),
+              "dlcourse.checkpoint.torch_api", "dlcourse.planner.goodput",
+              "dlcourse.planner.failures"),
     torch=("torch.distributed.checkpoint.state_dict_saver",
            "torch.distributed.checkpoint.state_dict_loader"),
     checks=("dlcourse.checks.checkpoints",))

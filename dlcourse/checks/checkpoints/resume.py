@@ -18,8 +18,8 @@ missing: each piece shows at its own place, and on the ranks that lack it.
 import torch
 
 import dlcourse
-from dlcourse.checkpoint.resume import (compare_runs, first_divergence, record_run,
-                                        through_bytes, trained)
+from dlcourse.checkpoint.forgetting import (compare_runs, first_divergence, record_run,
+                                            through_bytes, trained)
 from dlcourse.checkpoint.run import RunConfig, TrainRun
 from dlcourse.checks.checkpoints.refusal import refusing_checkpoints
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
