@@ -10,11 +10,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import all_reduce as imported_all_reduce
 
-import dlcourse
 from conftest import wait_gone
 from dlcourse.checks.core import (
     COLLECTIVES, CheckFailed, expect_tensor, random_tensor, run_on_ranks,
 )
+from dlcourse.checks.core import ranks
 from dlcourse.checks.launch import check_gather_all, check_sum_to_rank0
 
 
@@ -137,8 +137,10 @@ def started_then_stopped(x):
 def test_an_unwritten_exercise_says_so_with_its_hint(stub, ranks_started, monkeypatch):
     # A body that can only raise is answered here, without starting ranks; anything more runs.
     launches = []
-    launch = dlcourse.launch
-    monkeypatch.setattr(dlcourse, "launch", lambda *a, **k: launches.append(1) or launch(*a, **k))
+    for name in ("launch_watched", "launch_as_data"):  # how a check starts ranks (checks/core)
+        launch = getattr(ranks, name)
+        monkeypatch.setattr(ranks, name, lambda *a, _launch=launch, **k:
+                            launches.append(1) or _launch(*a, **k))
     with pytest.raises(CheckFailed, match="gather_all is not written yet: .* Hint: one all_gather"):
         check_gather_all(stub)
     assert bool(launches) == ranks_started

@@ -28,6 +28,7 @@ from dlcourse.checks.core.refuse import ForbiddenCall
 def student_runs(fn, args, kwargs, originals):
     """fn(*args, **kwargs) with this process's audit hook armed; `originals` is a tuple of
     (code object, message): the refused functions' code (`Refused.codes`)."""
+    __tracebackhide__ = True  # a student's traceback shows their code, not this frame
     return fn(*args, **kwargs)
 
 
@@ -66,9 +67,9 @@ def _hook(event, args, mark=student_runs.__code__, frames=sys._current_frames,
             if code is original:
                 raise refusal(message)
         return
-    codes = [args[0]]
+    codes, found = [args[0]], []
     while codes:  # exec'd: the code and every code nested in it (a module's functions), equal
-        code = codes.pop()  # to an original's but for its first line, and named as it is (the
+        code = codes.pop(0)  # to an original's but for its first line, and named as it is (the
         # library file's text): a module the student's code imports may hold a one-line method
         # written as the lesson wrote it, in a class of its own name
         if code.__class__ is not code_type:
@@ -76,8 +77,14 @@ def _hook(event, args, mark=student_runs.__code__, frames=sys._current_frames,
         for original, message in originals:
             if code.co_qualname == original.co_qualname and \
                     code.replace(co_firstlineno=original.co_firstlineno) == original:
-                raise refusal(message)
+                found += [(original.co_qualname, message)]
         codes += [c for c in code.co_consts if c.__class__ is code_type]
+    if found[1:]:  # a copy of a whole file: every refused function in it, in the file's order
+        first, message = found[0]
+        names = ", ".join([name for name, _ in found])
+        raise refusal(message.replace(f"called {first} ", f"exec'd a copy of {names} ", 1))
+    if found:
+        raise refusal(found[0][1])
 
 
 def _install():
