@@ -148,8 +148,8 @@ def test_one_expert_of_the_dense_width_costs_the_dense_models_flops_and_its_rout
 
 
 def test_an_moe_estimate_adds_its_terms_and_its_all_to_alls():
-    from dlcourse.planner.estimate import estimate
     from dlcourse.planner.layouts import Workload
+    from dlcourse.planner.rank import estimate_any as estimate
     spec, cluster = model("mixtral-8x7b"), Cluster(gpu("h100"), 64)
     work = Workload(spec, 4096, 4096 * 256)
     L = Layout(8, 2, 4, zero_stage=1, micro_batch=1, micro_batches=32, ep=8)

@@ -199,9 +199,9 @@ def in_flight_micro_batches(pp, micro_batches, interleave=1):
 def estimate(work, layout, cluster):
     """An `Estimate` of `layout` training `work` on `cluster`."""
     spec, L, gpu = work.model, layout, cluster.gpu
-    if hasattr(spec, "n_experts"):  # a mixture of experts (lesson 09)
-        from dlcourse.planner.moe_estimate import moe_estimate
-        return moe_estimate(work, layout, cluster)
+    if hasattr(spec, "n_experts"):  # a mixture of experts (lesson 09) adds its own terms
+        raise ValueError(f"{spec.name} is a mixture of experts: moe_estimate.moe_estimate adds "
+                         "its terms to these (rank.estimate_any picks the right one)")
     memory = peak_memory(work, L)
     n_params = stage_params(spec, L)
     tokens = work.batch_tokens / (L.replicas * L.pp)  # per GPU-row of the pipeline, per step

@@ -28,7 +28,7 @@ on 2026-11-29: 386K GPU-hours a trillion tokens predicted (+115%), 109K for the 
 from dataclasses import dataclass, replace
 
 from dlcourse.planner.catalog import DEEPSEEK_V3
-from dlcourse.planner.estimate import estimate
+from dlcourse.planner.moe_estimate import moe_estimate
 from dlcourse.planner.hardware import GB, Cluster, gpu
 from dlcourse.planner.layouts import Layout, Workload, problems
 
@@ -61,9 +61,9 @@ def deepseek_v3(run=DEEPSEEK_V3_RUN):
     """{"problems": what the rule book says of the published layout, "planner": the planner's
     GPU-hours per trillion tokens, "lower": the same with the matmuls at FP8's twice the rate and
     the all-to-alls hidden, "published": the report's, "error": planner / published - 1}."""
-    e = estimate(run.work, run.layout, run.cluster)
+    e = moe_estimate(run.work, run.layout, run.cluster)
     fast = replace(run.cluster.gpu, peak_flops=2 * run.cluster.gpu.peak_flops)
-    e_fast = estimate(run.work, run.layout, replace(run.cluster, gpu=fast))
+    e_fast = moe_estimate(run.work, run.layout, replace(run.cluster, gpu=fast))
     hidden = replace(e_fast, step_time=e_fast.step_time - e_fast.ep_time,
                      tokens_per_s=run.work.batch_tokens / (e_fast.step_time - e_fast.ep_time))
     planner = gpu_hours_per_t_tokens(e, run.cluster.n_gpus)

@@ -23,6 +23,7 @@ from dlcourse.planner.failures import cost_at_scale, goodput_line, with_failures
 from dlcourse.planner.estimate import estimate
 from dlcourse.planner.hardware import GPUS, PRICE_CAVEAT, Cluster
 from dlcourse.planner.layouts import layouts
+from dlcourse.planner.moe_estimate import moe_estimate
 from dlcourse.planner.published import RUNS, error_band
 
 ZERO_SHARDS = ["ZeRO: the optimizer state sharded",
@@ -89,11 +90,17 @@ class Plan:
         return next((e for e in self.ranked if e is not self.recommended), None)
 
 
+def estimate_any(work, layout, cluster):
+    """A dense model's `estimate`, or a mixture of experts' `moe_estimate` (lesson 09), which
+    adds the experts' terms to the dense ones."""
+    return (moe_estimate if hasattr(work.model, "n_experts") else estimate)(work, layout, cluster)
+
+
 def plan(work, cluster, advise=True, include_failures=True, **choices):
     """Estimate every valid layout of `work` on `cluster` (`choices` narrow `layouts`'s); their
     tokens/s and $ include failures (`failures.py`) unless include_failures=False."""
     cost = cost_at_scale(work, cluster, include_failures)
-    estimates = [with_failures(estimate(work, L, cluster), cost)
+    estimates = [with_failures(estimate_any(work, L, cluster), cost)
                  for L in layouts(work, cluster, **choices)]
     if not estimates:
         raise ValueError(f"no layout of {cluster.n_gpus} GPUs splits a batch of "
