@@ -12,6 +12,7 @@ parameters and the step it resumed from to --out.
 
 import argparse
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,9 @@ def main():
     args = parser.parse_args()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     kill = tuple(map(int, args.kill.split(","))) if args.kill and attempt == 0 else None
-    dist.init_process_group("gloo")
+    # a worker whose peer died stops waiting within a minute (gloo's default is 30) instead of
+    # outliving torchrun: the course leaves no process behind
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     try:
         os.makedirs(args.root, exist_ok=True)
         resumed, params, _ = train_job(args.root, RunConfig(), args.steps, args.every, kill=kill)
