@@ -23,6 +23,7 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
                    routed rows and activations, active FLOPs, the all-to-alls, load imbalance
     moe_estimate.py  an Estimate of an MoE layout from the dense terms and moe_cost's
     published_moe.py  DeepSeek-V3's pre-training held against the planner (held out, a miss)
-    published.py   published runs (Megatron-LM, torchtitan, BLOOM, Llama 3) the planner is checked
-                   against; the spread of its errors is the band on every cost
+    published_runs.py  published runs (Megatron-LM, torchtitan, BLOOM, Llama 3), with sources
+    published.py   the planner checked against them; the spread of its errors is the band on
+                   every cost
 """

@@ -1,5 +1,5 @@
 """The models the planner knows by name (lesson 07): lesson 01's GPT-2 and Llama 2 shapes, the
-published models it is checked against (`published.py`), and two mixtures of experts (lesson 09,
+published models it is checked against (`published_runs.py`), and two mixtures of experts (lesson 09,
 `moe_spec.MoESpec`): Mixtral 8x7B and DeepSeek-V3.
 
     model("llama-2-7b")    # case, spaces and underscores ignored

@@ -18,7 +18,7 @@ recommended only if the count plus all of this fits in what the driver reports:
   for reuse, and the backward's small temporaries the planner does not count): torchtitan
   logs torch.cuda's reserved peak ("max_reserved", benchmarks/llama3_h100_202412_torchtitan.md,
   9dec370), and on its Table 2 rows for Llama 3.1 8B the reserved peak is 83.9-84.5 GiB where
-  the planner counts 70.3 GiB of tensors (`published.py`): 16-17% above the count. ALLOCATOR
+  the planner counts 70.3 GiB of tensors (`published_runs.py`): 16-17% above the count. ALLOCATOR
   takes the lower, 16%, of the peak the planner counts.
 
     usable_memory(gpu, layout) - (1 + ALLOCATOR) * peak >= 0   # `fits`
