@@ -7,10 +7,9 @@ and a `patch()`: a context manager that changes one function of the library whil
 
     find_divergence("TP + SP (lesson 04)", bug="sp_layernorm_grads")
 
-tests/test_debug_catalogue.py checks, bug by bug, that the divergence finder names the place
-each bug's mechanism predicts. The two hangs (a skipped collective, a size mismatch) are in
-`HANGS` below (run by `data_parallel_steps`); the slow bug (a sync every micro-batch) is found
-by its collective count, not by a divergence.
+tests/test_debug_catalogue.py checks that the finder names the place each bug's mechanism
+predicts. Two hangs are in `HANGS` (run by `data_parallel_steps`); the slow bug (a sync every
+micro-batch) is found by its collective count, not by a divergence.
 """
 
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -33,7 +32,6 @@ from dlcourse.parallel.pipeline import executor
 from dlcourse.parallel.tensor import compare as tp_compare
 from dlcourse.parallel.tensor import dropout as tp_dropout
 from dlcourse.parallel.tensor.comm import CopyToTensorParallel, g
-from dlcourse.parallel.tensor.dropout import TENSOR_PARALLEL
 from dlcourse.parallel.tensor.layers import RowParallelLinear
 from dlcourse.parallel.tensor.parallelize import parallelize
 from dlcourse.parallel.zero import clip
@@ -54,7 +52,6 @@ class Bug:
             for obj, attr, value in self.patches:
                 stack.enter_context(mock.patch.object(obj, attr, value))
             yield
-
 
 # --- the broken pieces: each is the correct one with one line changed ------------------------
 
@@ -101,8 +98,7 @@ def _executor_not_dividing(self, *args, **kwargs):
 
 
 def _local_positions(self, local):
-    """Context parallelism looking up positions 0..n-1 for a rank's n tokens, wherever they sit
-    in the sequence."""
+    """Context parallelism looking up positions 0..n-1 for a rank's n tokens, wherever they sit."""
     return F.embedding(local, self.weight)
 
 
@@ -264,8 +260,9 @@ CATALOGUE.update({
         "each tp rank drops other elements of what must be one replicated tensor",
         "Megatron-LM's model_parallel_cuda_manual_seed (tensor_parallel/random.py): the default "
         "stream, the same on the tp ranks, is for dropout in the non-tensor-parallel regions",
-        ((tp_dropout, "STREAMS", {**tp_dropout.STREAMS, "attn.resid_dropout": TENSOR_PARALLEL,
-                                  "mlp.dropout": TENSOR_PARALLEL}),),
+        ((tp_dropout, "STREAMS", {**tp_dropout.STREAMS,
+                                  "attn.resid_dropout": tp_dropout.TENSOR_PARALLEL,
+                                  "mlp.dropout": tp_dropout.TENSOR_PARALLEL}),),
         fix="draw the residual dropouts from the default stream, seeded alike on the tp ranks"),
 })
 
