@@ -2,7 +2,9 @@
 lessons` and the README's check (tests/test_lessons_index.py) read, so that no package lists
 the lessons by hand.
 
-A lesson's notebook is `lessons/NN_slug.ipynb`, its exercises `exercises/NN_slug.ipynb`; SERVES
+A lesson's notebook is `lessons/NN_slug.ipynb`, its exercises `exercises/NN_slug.ipynb`; the
+packages that serve it spell it one way, its `name` (`checks/data/`, `strategies/data.py`,
+`benchmarks/data.py` for lesson 03). SERVES
 names the library's packages (and the catalogue's modules) that teach each lesson, beside what
 they hold for it, and `listing(package)` turns them into a docstring's table:
 
@@ -21,6 +23,7 @@ class Lesson:
     number: str  # "03"
     slug: str  # lessons/<number>_<slug>.ipynb
     title: str  # as the README's table names it
+    name: str  # the one name of its packages: dlcourse/checks/<name>/, strategies/<name>.py, ...
 
     @property
     def notebook(self):
@@ -34,18 +37,18 @@ class Lesson:
 
 
 LESSONS = [
-    Lesson("00", "launch", "launch"),
-    Lesson("01", "memory", "memory"),
-    Lesson("02", "collectives", "collectives"),
-    Lesson("03", "data_parallel", "data parallel"),
-    Lesson("04", "tensor_parallel", "tensor parallel"),
-    Lesson("05", "zero", "ZeRO"),
-    Lesson("06", "pipeline", "pipeline"),
-    Lesson("07", "combining", "combining"),
-    Lesson("08", "context_parallel", "context parallel"),
-    Lesson("09", "experts", "experts"),
-    Lesson("10", "debugging", "debugging"),
-    Lesson("11", "checkpoints", "checkpoints and failures"),
+    Lesson("00", "launch", "launch", "launch"),
+    Lesson("01", "memory", "memory", "memory"),
+    Lesson("02", "collectives", "collectives", "collectives"),
+    Lesson("03", "data_parallel", "data parallel", "data"),
+    Lesson("04", "tensor_parallel", "tensor parallel", "tensor"),
+    Lesson("05", "zero", "ZeRO", "zero"),
+    Lesson("06", "pipeline", "pipeline", "pipeline"),
+    Lesson("07", "combining", "combining", "combine"),
+    Lesson("08", "context_parallel", "context parallel", "context"),
+    Lesson("09", "experts", "experts", "expert"),
+    Lesson("10", "debugging", "debugging", "debug"),
+    Lesson("11", "checkpoints", "checkpoints and failures", "checkpoint"),
 ]
 
 SERVES = {  # module of the library -> (the lesson it serves, what it holds for it)

@@ -1,4 +1,4 @@
-"""Lesson 03's check of accumulate_step (`dlcourse/checks/data_parallel.py`): the solutions pass,
+"""Lesson 03's check of accumulate_step (`dlcourse/checks/data.py`): the solutions pass,
 and the wrong answers students write fail with a message naming the case, the rank, the
 parameter, expected vs got, and a hint that says which mistake it was."""
 
@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from checking import first_line_and_hint as _first_line_and_hint
 from checking import starts as _starts
-from dlcourse.checks.data_parallel import check_accumulate_step
+from dlcourse.checks.data import check_accumulate_step
 from dlcourse.parallel.data.steps import train_step
 
 # --- exercise 5: accumulate_step ------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Lesson 03's check of all_reduce_buckets, and what every lesson-03 check does with an unwritten,
-misused or hanging function (`dlcourse/checks/data_parallel.py`): the solutions pass, and the
+misused or hanging function (`dlcourse/checks/data.py`): the solutions pass, and the
 wrong answers students write fail with a message naming the case, the rank, the parameter,
 expected vs got, and a hint that says which mistake it was."""
 
@@ -11,7 +11,7 @@ from checking import HANG_TIMEOUT_S
 from checking import first_line_and_hint as _first_line_and_hint
 from checking import starts as _starts
 from dlcourse.checks.core import CheckFailed
-from dlcourse.checks.data_parallel import (
+from dlcourse.checks.data import (
     check_accumulate_step,
     check_all_reduce_buckets,
     check_broadcast_parameters,

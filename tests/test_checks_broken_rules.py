@@ -1,10 +1,10 @@
-"""Lesson 07's check of broken_rules (`dlcourse/checks/combining/rules.py`): a correct answer
+"""Lesson 07's check of broken_rules (`dlcourse/checks/combine/rules.py`): a correct answer
 written without the library passes, the wrong answers students write fail naming the rule, and
 the runtime's own rule book (the grader's reference) is refused while the answer runs."""
 
 import pytest
 
-from dlcourse.checks.combining import check_broken_rules
+from dlcourse.checks.combine import check_broken_rules
 from dlcourse.checks.core import CheckFailed
 
 

@@ -14,10 +14,10 @@ import torch.distributed as dist
 import dlcourse.memory
 from checking import first_line_and_hint
 from dlcourse import pickling
-from dlcourse.checks.context_parallel import check_seq_to_heads
+from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import CheckFailed, Submitted
-from dlcourse.checks.debugging import check_name_the_bug
-from dlcourse.checks.data_parallel import check_broadcast_parameters, check_make_buckets
+from dlcourse.checks.debug import check_name_the_bug
+from dlcourse.checks.data import check_broadcast_parameters, check_make_buckets
 from dlcourse.checks.launch import check_sum_to_rank0
 from dlcourse.checks.memory import check_count_params, check_zero_model_state
 from dlcourse.memory import model_state_bytes
@@ -178,7 +178,7 @@ def step_all_reduces_every_grad(model, optimizer, x, y, loss_fn, group):  # even
 
 
 def test_a_none_gradient_given_to_a_collective_is_named_on_the_first_line():
-    from dlcourse.checks.data_parallel import check_data_parallel_step
+    from dlcourse.checks.data import check_data_parallel_step
     with pytest.raises(CheckFailed) as failed:
         check_data_parallel_step(step_all_reduces_every_grad)
     first = str(failed.value).splitlines()[0]
@@ -268,7 +268,7 @@ def test_switching_the_refusal_off_is_refused_in_the_self_check_too(wrong, says)
 # that parts first on rank 1 (about 6 runs in 10); every draw has it now, so a fresh draw fails.
 
 def test_naming_the_bug_from_rank_0_alone_fails_on_every_draw():
-    import test_checks_debugging_naming as naming_tests
+    import test_checks_debug_naming as naming_tests
     cloudpickle.register_pickle_by_value(naming_tests)  # as conftest does for this module
     try:
         first, _ = first_line_and_hint(check_name_the_bug, naming_tests.rank_zero_only)

@@ -1,4 +1,4 @@
-"""Lesson 04's check of column_parallel_linear (`dlcourse/checks/tensor_parallel/linear.py`): the
+"""Lesson 04's check of column_parallel_linear (`dlcourse/checks/tensor/linear.py`): the
 solutions and correct answers written other ways pass; the wrong answers students write fail
 with a message naming the case, the rank and a hint that says which mistake it was. Every run
 draws new cases, so each wrong answer here fails on whatever is drawn."""
@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dlcourse.checks.tensor_parallel import check_column_parallel_linear
+from dlcourse.checks.tensor import check_column_parallel_linear
 from tensor_checking import expect_failure
 
 

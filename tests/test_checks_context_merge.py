@@ -1,4 +1,4 @@
-"""Lesson 08's check of merge_partials (`dlcourse/checks/context_parallel/merge.py`): the merge
+"""Lesson 08's check of merge_partials (`dlcourse/checks/context/merge.py`): the merge
 of two blocks' attention must equal one softmax over all the keys (float64, computed by the
 check); the solution and other correct merges pass, the usual mistakes fail with a hint, and
 the lesson's merge, torch's and the check's own reference are refused."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from checking import first_line_and_hint
-from dlcourse.checks.context_parallel import check_merge_partials
+from dlcourse.checks.context import check_merge_partials
 
 
 def merge_partials(out_1, lse_1, out_2, lse_2):  # the solution notebook's
@@ -84,14 +84,14 @@ def merge_from_torch(out_1, lse_1, out_2, lse_2):
 
 
 def merge_from_the_check(out_1, lse_1, out_2, lse_2):
-    from dlcourse.checks.context_parallel.reference import attention_where
+    from dlcourse.checks.context.reference import attention_where
     return attention_where(out_1, out_1, out_1)
 
 
 @pytest.mark.parametrize("wrong, says", [
     (merge_from_the_lesson, "called merge from dlcourse.parallel.context.blockwise"),
     (merge_from_torch, "torch's _SDPAMerger"),
-    (merge_from_the_check, "called attention_where from dlcourse.checks.context_parallel.reference"),
+    (merge_from_the_check, "called attention_where from dlcourse.checks.context.reference"),
 ])
 def test_the_answers_are_refused(wrong, says):
     first, _ = first_line_and_hint(check_merge_partials, wrong)
@@ -112,7 +112,7 @@ def reads_the_checks_frames(out_1, lse_1, out_2, lse_2):
                     isinstance(t, torch.Tensor) and t.shape[:3] == out_1.shape[:3] for t in value):
                 return value  # an (out, lse) of the whole attention, if a frame held one
         if "case" in frame.f_locals:
-            from dlcourse.checks.context_parallel import merge
+            from dlcourse.checks.context import merge
             return merge._whole(*frame.f_locals["case"])
         frame = frame.f_back
     return None
@@ -120,4 +120,4 @@ def reads_the_checks_frames(out_1, lse_1, out_2, lse_2):
 
 def test_the_checks_frames_hold_no_answer():
     first, _ = first_line_and_hint(check_merge_partials, reads_the_checks_frames)
-    assert "called _whole from dlcourse.checks.context_parallel.merge, which this exercise does not allow" in first, first
+    assert "called _whole from dlcourse.checks.context.merge, which this exercise does not allow" in first, first

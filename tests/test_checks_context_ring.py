@@ -1,4 +1,4 @@
-"""Lesson 08's check of ring_attention_step (`dlcourse/checks/context_parallel/ring.py`) on real
+"""Lesson 08's check of ring_attention_step (`dlcourse/checks/context/ring.py`) on real
 gloo ranks: cp steps on each of cp ranks must make causal attention over the blocks held so far
 (float64, computed by the check), the blocks passed around the ring by send/recv. Correct rings
 written other ways pass; a deadlock, a collective, the wrong mask, an overflowing softmax, a
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from checking import HANG_TIMEOUT_S, first_line_and_hint
-from dlcourse.checks.context_parallel import check_ring_attention_step
+from dlcourse.checks.context import check_ring_attention_step
 
 
 def _block(q, kv, seen):

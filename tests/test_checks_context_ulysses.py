@@ -1,4 +1,4 @@
-"""Lesson 08's check of seq_to_heads (`dlcourse/checks/context_parallel/ulysses.py`) on real
+"""Lesson 08's check of seq_to_heads (`dlcourse/checks/context/ulysses.py`) on real
 gloo ranks: each rank must end with its a/cp heads over the whole sequence, moved by all-to-all
 (or send/recv) and no more bytes than an all-to-all sends. Other correct ways pass; misplaced
 heads or tokens are named by where they came from; an all-gather, by name or built from
@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from checking import first_line_and_hint
-from dlcourse.checks.context_parallel import check_seq_to_heads
+from dlcourse.checks.context import check_seq_to_heads
 
 
 def seq_to_heads(x, group):  # the solution notebook's

@@ -1,4 +1,4 @@
-"""Lesson 08's check of zigzag_positions (`dlcourse/checks/context_parallel/zigzag.py`): every
+"""Lesson 08's check of zigzag_positions (`dlcourse/checks/context/zigzag.py`): every
 rank of cases drawn per run (2 to 8 ranks) against the layout from its definition; other
 correct ways pass, the wrong layouts students write fail naming the chunks they hold, and the
 lesson's Layout, torch's load balancer and the check's reference are refused."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from checking import first_line_and_hint
-from dlcourse.checks.context_parallel import check_zigzag_positions
+from dlcourse.checks.context import check_zigzag_positions
 
 
 def zigzag_positions(rank, cp, seq_len):  # the solution notebook's
@@ -79,14 +79,14 @@ def from_torch(rank, cp, seq_len):
 
 
 def from_the_check(rank, cp, seq_len):
-    from dlcourse.checks.context_parallel import reference
+    from dlcourse.checks.context import reference
     return reference.zigzag(rank, cp, seq_len)
 
 
 @pytest.mark.parametrize("wrong, says", [
     (from_the_lesson, "Layout from dlcourse.parallel.context.layout"),
     (from_torch, "torch's _HeadTailLoadBalancer"),
-    (from_the_check, "zigzag from dlcourse.checks.context_parallel.reference"),
+    (from_the_check, "zigzag from dlcourse.checks.context.reference"),
 ])
 def test_the_answers_are_refused(wrong, says):
     first, _ = first_line_and_hint(check_zigzag_positions, wrong)

@@ -1,4 +1,4 @@
-"""Lesson 07's check of cost_per_million_tokens (`dlcourse/checks/combining/plan.py`): the
+"""Lesson 07's check of cost_per_million_tokens (`dlcourse/checks/combine/plan.py`): the
 solutions and correct answers written other ways pass; the wrong answers students write fail
 with a message naming the case, the rank and a hint that says which mistake it was. Every run
 draws new cases, so each wrong answer here fails on whatever is drawn."""
@@ -6,7 +6,7 @@ draws new cases, so each wrong answer here fails on whatever is drawn."""
 import pytest
 
 from checking import first_line_and_hint
-from dlcourse.checks.combining import check_cost_per_million_tokens
+from dlcourse.checks.combine import check_cost_per_million_tokens
 from dlcourse.planner.estimate import estimate
 
 

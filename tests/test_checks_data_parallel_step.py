@@ -1,5 +1,5 @@
 """Lesson 03's check of broadcast_parameters and data_parallel_step
-(`dlcourse/checks/data_parallel.py`): the solutions pass, and the wrong answers students write
+(`dlcourse/checks/data.py`): the solutions pass, and the wrong answers students write
 fail with a message naming the case, the rank, the parameter, expected vs got, and a hint that
 says which mistake it was."""
 
@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from checking import first_line_and_hint as _first_line_and_hint
 from checking import starts as _starts
-from dlcourse.checks.data_parallel import (
+from dlcourse.checks.data import (
     check_broadcast_parameters,
     check_data_parallel_step,
 )

@@ -1,4 +1,4 @@
-"""Lesson 03's check of make_buckets (`dlcourse/checks/data_parallel.py`): the solutions pass, and
+"""Lesson 03's check of make_buckets (`dlcourse/checks/data.py`): the solutions pass, and
 the wrong answers students write fail with a message naming the case, the rank, the parameter,
 expected vs got, and a hint that says which mistake it was."""
 
@@ -6,7 +6,7 @@ import pytest
 
 from checking import first_line_and_hint as _first_line_and_hint
 from checking import starts as _starts
-from dlcourse.checks.data_parallel import check_make_buckets
+from dlcourse.checks.data import check_make_buckets
 from dlcourse.parallel.data.buckets import make_buckets as library_make_buckets
 
 # --- exercise 3: make_buckets ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Lesson 04's checks of Megatron's f and g (`dlcourse/checks/tensor_parallel/operators.py`): the
+"""Lesson 04's checks of Megatron's f and g (`dlcourse/checks/tensor/operators.py`): the
 solutions and correct answers written other ways pass; the wrong answers students write fail
 with a message naming the case, the rank and a hint that says which mistake it was. Every run
 draws new cases, so each wrong answer here fails on whatever is drawn."""
@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import dlcourse.parallel.tensor.comm as tp_comm
 from checking import first_line_and_hint
-from dlcourse.checks.tensor_parallel import check_f, check_g
+from dlcourse.checks.tensor import check_f, check_g
 from tensor_checking import expect_failure
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from checking import first_line_and_hint
 from dlcourse import pickling
-from dlcourse.checks.combining import check_rank_coords
+from dlcourse.checks.combine import check_rank_coords
 from dlcourse.checks.core import Submitted
 from dlcourse.checks.pipeline import check_bubble_fraction, check_stage_boundaries
 from dlcourse.returned import as_data

@@ -1,4 +1,4 @@
-"""Lesson 04's sequence-parallel checks (`dlcourse/checks/tensor_parallel/sequence.py`): the solution and
+"""Lesson 04's sequence-parallel checks (`dlcourse/checks/tensor/sequence.py`): the solution and
 answers written another way pass on real ranks; a pair that gathers along the wrong dim, one that
 all-reduces (or all-gathers the whole) and keeps a slice, a LayerNorm whose gradients are not
 summed or are averaged fail with a message that names the mistake; the lesson's own pair and
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from checking import first_line_and_hint
-from dlcourse.checks.tensor_parallel import check_layernorm_grads, check_sequence_parallel
+from dlcourse.checks.tensor import check_layernorm_grads, check_sequence_parallel
 
 
 def _gather(x, group, dim=1):

@@ -18,10 +18,10 @@ import torch.distributed as dist
 
 from checking import first_line_and_hint
 from dlcourse import pickling
-from dlcourse.checks.context_parallel import check_seq_to_heads
+from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import Submitted, run_on_ranks
 from dlcourse.checks.pipeline import check_exchange
-from dlcourse.checks.tensor_parallel import check_vocab_parallel_cross_entropy
+from dlcourse.checks.tensor import check_vocab_parallel_cross_entropy
 from dlcourse.grading import rank_sandbox
 
 SHARED = tempfile.mkdtemp(prefix="dlcourse-side-")  # a folder every rank can read

@@ -10,11 +10,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import dlcourse.checks.tensor_parallel.refused as tensor_library
+import dlcourse.checks.tensor.refused as tensor_library
 import dlcourse.parallel.tensor.comm as tp_comm
 from checking import first_line_and_hint
 from dlcourse.checks.core.refuse import ForbiddenCall
-from dlcourse.checks.tensor_parallel import check_column_parallel_linear, check_row_parallel_linear
+from dlcourse.checks.tensor import check_column_parallel_linear, check_row_parallel_linear
 from test_checks_column_parallel_linear import column_parallel_linear
 from test_checks_row_parallel_linear import row_bias_on_every_rank, row_parallel_linear
 

@@ -1,4 +1,4 @@
-"""Lesson 04's check of vocab_parallel_cross_entropy (`dlcourse/checks/tensor_parallel/layers.py`):
+"""Lesson 04's check of vocab_parallel_cross_entropy (`dlcourse/checks/tensor/layers.py`):
 the solutions and correct answers written other ways pass; the wrong answers students write fail
 with a message naming the case, the rank and a hint that says which mistake it was. Every run
 draws new cases, so each wrong answer here fails on whatever is drawn."""
@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 
-from dlcourse.checks.tensor_parallel import check_vocab_parallel_cross_entropy
+from dlcourse.checks.tensor import check_vocab_parallel_cross_entropy
 from tensor_checking import _tp, expect_failure
 from test_checks_megatron_f_g import MegatronG
 

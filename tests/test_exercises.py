@@ -9,6 +9,7 @@ import pytest
 from dlcourse.grading.build import exercise_notebook
 from dlcourse.grading.nbrun import run_cells
 from dlcourse.grading.notebooks import grader_cells, read
+from dlcourse.lessons import lesson
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -48,9 +49,10 @@ def test_an_unsolved_notebook_fails_exactly_at_its_grader_cells(exercise):
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
 def test_grader_cells_call_the_check_module_named_after_their_notebook(solution):
-    """solutions/NN_topic.ipynb's grader cells import their checks from dlcourse.checks.topic
-    (and its last cell `check_all` from dlcourse.checks.summary, which runs them all)."""
-    topic = solution.stem.split("_", 1)[1]
+    """solutions/NN_topic.ipynb's grader cells import their checks from dlcourse.checks.<name>,
+    the lesson's one name in the index (and its last cell `check_all` from
+    dlcourse.checks.summary, which runs them all)."""
+    topic = lesson(solution.stem.split("_", 1)[0]).name
     nb = read(solution)
     imported = {line.split()[1] for cell in nb.cells if cell.cell_type == "code"
                 for line in cell.source.splitlines() if line.startswith("from dlcourse.checks")}

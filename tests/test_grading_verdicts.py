@@ -13,8 +13,8 @@ from nbformat.v4 import new_code_cell
 from checking import first_line_and_hint
 from dlcourse import pickling
 from dlcourse.checks.core import Submitted
-from dlcourse.checks.data_parallel import check_make_buckets
-from dlcourse.checks.tensor_parallel import check_f
+from dlcourse.checks.data import check_make_buckets
+from dlcourse.checks.tensor import check_f
 from dlcourse.errors import RankError
 from dlcourse.grading import grade, verdicts
 from dlcourse.launcher import launch_as_data

@@ -38,6 +38,21 @@ def test_the_packages_docstrings_are_generated_from_the_index():
         assert len(table.splitlines()) == 2 * len(served) > 0
 
 
+def test_each_lesson_has_one_name_across_the_packages_that_serve_it():
+    """dlcourse/checks/<name>/ for every lesson, and the per-lesson modules of strategies/,
+    plots/ and benchmarks/ spelled with a lesson's name (or a concept of their own)."""
+    names = {e.name for e in LESSONS}
+    sets = {p.name for p in (ROOT / "dlcourse" / "checks").iterdir()
+            if (p / "__init__.py").is_file()} - {"core", "hints"}
+    assert sets == names
+    own = {"strategies": {"catalogue", "config", "trainer"}, "plots": {"grid", "planner", "timeline"},
+           "benchmarks": set()}  # not one lesson's: the catalogue's machinery, shared drawings
+    for folder, extra in own.items():
+        base = ROOT / folder if folder == "benchmarks" else ROOT / "dlcourse" / folder
+        stems = {p.stem for p in base.glob("*.py")} - {"__init__"}
+        assert stems <= names | extra, (folder, sorted(stems - names - extra))
+
+
 def test_every_strategy_names_a_lesson_of_the_index_and_the_cli_counts_them(capsys):
     numbers = [e.number for e in LESSONS]
     assert all(s.lesson in numbers for s in dlcourse.strategies.STRATEGIES)
@@ -51,7 +66,7 @@ def test_every_strategy_names_a_lesson_of_the_index_and_the_cli_counts_them(caps
 
 def test_a_lesson_is_found_by_its_number_and_a_wrong_one_says_which_exist():
     assert lesson(3).notebook == "lessons/03_data_parallel.ipynb"
-    assert lesson("10").slug == "debugging"
+    assert lesson("10").slug == "debugging" and lesson("10").name == "debug"
     try:
         lesson(12)
     except ValueError as error:

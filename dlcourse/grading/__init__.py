@@ -10,7 +10,7 @@ The contract, for every exercise set (lesson NN, topic `topic`):
 - A grader cell is an ordinary code cell with the metadata
   `{"dlcourse": {"grader": "<exercise id>", "points": <int>}}` (see `notebooks.py`). It calls a
   check, e.g. `check_gather_all(gather_all)`, that raises when the student's function is wrong.
-- Checks live in `dlcourse/checks/<topic>/`, the topic being the solution notebook's name,
+- Checks live in `dlcourse/checks/<name>/`, the lesson's name in `dlcourse.lessons`,
   and build on `dlcourse/checks/core/` (see `dlcourse/checks/__init__.py`).
 - `dlcourse grade PATH... [--against EXERCISE_NOTEBOOK] [--csv FILE]` runs each notebook under
   nbval (`nbrun.py`, with the `nbresults.py` pytest plugin), puts back the released grader

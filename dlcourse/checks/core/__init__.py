@@ -13,7 +13,7 @@ it runs, and fail with a message a student can act on. Lesson 00's checks
     stubs.py    a function not written yet
     verdict.py  `python -m dlcourse.checks.core.verdict`: a submission's check, graded apart
 
-A check in `dlcourse/checks/<topic>/` looks like this:
+A check in `dlcourse/checks/<name>/` looks like this:
 
     def check_gather_all(gather_all, timeout=CHECK_TIMEOUT_S):
         for world_size, shape, dtype in CASES:                 # inputs the student never saw

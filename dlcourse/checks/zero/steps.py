@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases, run_on_ranks)
-from dlcourse.checks.data_parallel.replicas import expect_weights, shards, snapshot, whole_batch
+from dlcourse.checks.data.replicas import expect_weights, shards, snapshot, whole_batch
 from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_model,
                                         draw_world_sizes, flat_of, gradient, loss_fn,
                                         padded_shard, uneven)

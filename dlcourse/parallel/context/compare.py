@@ -1,5 +1,5 @@
 """Context-parallel attention timed beside one process's (lesson 08,
-`lessons/08_context_parallel.ipynb`; `benchmarks/context_parallel.py` uses it).
+`lessons/08_context_parallel.ipynb`; `benchmarks/context.py` uses it).
 
     time_attention(group, batch=1, heads=4, seq_len=1024, head_dim=64, rounds=5)
     # {variant: median seconds of one forward + backward}, the same on every rank

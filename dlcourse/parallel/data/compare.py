@@ -1,5 +1,5 @@
 """The data-parallel variants side by side: wrap, train, time (lesson 03's measurements, its
-tests, `benchmarks/data_parallel.py` and `dlcourse tour`).
+tests, `benchmarks/data.py` and `dlcourse tour`).
 
 Every variant is a way to wrap a plain model for a process group; the training loop
 (`train_step`) is the same for all of them, torch's `DistributedDataParallel` included.

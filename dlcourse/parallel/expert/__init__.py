@@ -16,7 +16,7 @@ dp/ep groups inside it (`groups.py`): dense weights are replicated and averaged 
                     and the expert-data-parallel groups that average each expert's copies
     measure.py      count_layer, rows_moved, all_to_all_formula, param_bytes, local_param_bytes
     compare.py      VARIANTS (scratch / torch dispatch x loop / grouped GEMM), time_variants
-                    beside one process (`benchmarks/expert_parallel.py`); communication_share:
+                    beside one process (`benchmarks/expert.py`); communication_share:
                     an EP step beside its collectives replayed alone
 """
 

@@ -1,4 +1,4 @@
-"""The expert-parallel variants side by side (lesson 09; `benchmarks/expert_parallel.py`): the
+"""The expert-parallel variants side by side (lesson 09; `benchmarks/expert.py`): the
 from-scratch dispatch or torch's `all_to_all_single_autograd`, experts by a loop or one grouped
 GEMM, and one process on the whole batch; one AdamW step each, timed in one job.
 

@@ -1,6 +1,6 @@
 """The tensor-parallel variants side by side (lesson 04, `lessons/04_tensor_parallel.ipynb`):
 from scratch, from scratch with sequence parallelism, and DTensor; one training step each, and
-their step times measured in one job (the tour and `benchmarks/tensor_parallel.py` use these).
+their step times measured in one job (the tour and `benchmarks/tensor.py` use these).
 
     model, loss_fn, gather = build("tp", make_model, group)
     step(model, optimizer, loss_fn, x, y)

@@ -1,0 +1,35 @@
+"""Checks for lesson 07's exercises (`exercises/07_combining.ipynb`): the rank grid by hand, and
+the planner's arithmetic.
+
+    check_rank_coords(rank_coords)            rank -> {"pp", "dp", "tp"} coordinates, any order
+    check_axis_groups(axis_groups)            every group of one axis: the ranks that differ on it
+    check_step_collectives(step_collectives)  which collectives one step issues on which axis
+    check_grid_state_bytes(grid_state_bytes)  model-state bytes per rank of a grid with ZeRO on dp
+    check_cost_per_million_tokens(...)        dollars per million tokens from a step time
+    check_best_layout(best_layout)            of three layouts: the cheapest one that fits
+    check_first_stage_activation_bytes(...)   the first pipeline rank's activations, 1F1B and
+                                              interleaved (`pipeline.py`)
+    check_broken_rules(broken_rules)          the rule book's rules a model and grid break,
+                                              graded by the runtime's own (`rules.py`)
+
+The grid checks are in `grid.py`, the model-state bytes and the planner's two in `plan.py`, the
+refusals in `refused.py`. Every check draws its cases afresh on each run (`core.fresh_cases`; a
+failure names the seed): grids of 2 to 16 ranks, 1 to 4 per axis, the axes in a random order, the
+first grid with all three axes above 1 in an order other than the default, so an answer right for
+one grid shape or one order fails. The references share no code with a solution: the grid is
+enumerated with itertools.product in its order (C order, the last axis fastest), not computed with
+divmod; the collectives are the table of lessons 03-06 written out per axis, which
+tests/test_checks_combine_references.py holds equal to what `combine` issues on 6 ranks, counted
+at torch's dispatcher.
+"""
+
+from dlcourse.checks.combine.grid import (check_rank_coords, check_axis_groups,
+                                            check_step_collectives)
+from dlcourse.checks.combine.plan import (check_grid_state_bytes, check_cost_per_million_tokens,
+                                            check_best_layout)
+from dlcourse.checks.combine.pipeline import check_first_stage_activation_bytes
+from dlcourse.checks.combine.rules import RULE_NAMES, check_broken_rules
+
+__all__ = ["check_rank_coords", "check_axis_groups", "check_step_collectives",
+           "check_grid_state_bytes", "check_cost_per_million_tokens", "check_best_layout",
+           "check_first_stage_activation_bytes", "check_broken_rules", "RULE_NAMES"]

@@ -1,0 +1,25 @@
+"""Checks for lesson 08's exercises (`exercises/08_context_parallel.ipynb`): context parallelism
+by hand.
+
+    check_merge_partials(merge_partials)            two blocks' attention joined by their lse
+    check_zigzag_positions(zigzag_positions)        the tokens a rank holds in the zig-zag layout
+    check_ring_attention_step(ring_attention_step)  one ring step: send/recv K/V, attend, merge
+    check_seq_to_heads(seq_to_heads)                Ulysses' all-to-all to head-sharded
+    check_cp_bytes_per_layer(cp_bytes_per_layer)    the bytes a rank sends for one layer
+
+One module per exercise (`merge.py`, `zigzag.py`, `ring.py`, `ulysses.py`, `bytes.py`); the
+references are plain float64 attention and the layouts from their definitions (`reference.py`),
+the bytes from the lesson's `layer_formula` (called after the student's function), and what is
+refused while a student's code runs is in `refusals.py`: the lesson's `dlcourse.parallel.context`,
+torch's `context_parallel` and its pieces, and these references. Cases are drawn afresh on each
+run (2 to 8 ranks, never 4 alone) and a failure names the seed (`seed=` draws them again).
+"""
+
+from dlcourse.checks.context.bytes import check_cp_bytes_per_layer
+from dlcourse.checks.context.merge import check_merge_partials
+from dlcourse.checks.context.ring import check_ring_attention_step
+from dlcourse.checks.context.ulysses import check_seq_to_heads
+from dlcourse.checks.context.zigzag import check_zigzag_positions
+
+__all__ = ["check_merge_partials", "check_zigzag_positions", "check_ring_attention_step",
+           "check_seq_to_heads", "check_cp_bytes_per_layer"]

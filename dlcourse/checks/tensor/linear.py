@@ -1,0 +1,158 @@
+"""Lesson 04's column- and row-parallel linear checks, and what lesson 04's checks share
+(the set's guide is `__init__.py`)."""
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, draw, expect_callable, expect_tensor,
+                                  random_tensor, run_on_ranks)
+from dlcourse.checks.tensor.refused import TENSOR, draw_tp_sizes, wide_seed
+
+
+# float64 rounding: an output element is a dot product of at most 16 terms of size ~1, which one
+# process and a rank round differently by ~1e-15; 1e-10 allows 10^5 times that. Every mistake
+# these checks name moves some element by 0.01 or more.
+TOL = dict(atol=1e-10, rtol=1e-10)
+TOLERANCE = "1e-10 (float64 rounding)"
+
+
+def _close(a, b):
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, **TOL)
+
+
+def _linear(rng, tp, bias, split):
+    """A float64 nn.Linear whose `split` ("out" or "in") features are 2 to 4 times tp (at one a
+    rank, cutting into 4 pieces cuts as into tp for tp < 4: an answer right for tp = 4 alone
+    would pass), and an input x of 1 or 2 leading dims."""
+    n_in = tp * rng.randint(2, 4) if split == "in" else rng.randint(1, 6)
+    n_out = tp * rng.randint(2, 4) if split == "out" else rng.randint(1, 6)
+    linear = nn.Linear(n_in, n_out, bias=bias, dtype=torch.float64)
+    with torch.no_grad():  # a seed of its own each, from 2**62: x does not give W's away
+        linear.weight.copy_(random_tensor(linear.weight.shape, torch.float64, wide_seed(rng)))
+        if bias:
+            linear.bias.copy_(random_tensor((n_out,), torch.float64, wide_seed(rng)))
+    lead = rng.choice([(rng.randint(1, 5),), (rng.randint(1, 3), rng.randint(1, 4))])
+    return linear, random_tensor((*lead, n_in), torch.float64, wide_seed(rng))
+
+
+def _where(exercise, tp, linear, x, seed):
+    bias = "with bias" if linear.bias is not None else "no bias"
+    return (f"{exercise} on {tp} ranks, nn.Linear({linear.in_features}, {linear.out_features}, "
+            f"{bias}), x of shape {tuple(x.shape)}, seed {seed}")
+
+
+def _run(fn, exercise, where, hint, harness, rank_args, timeout):
+    """The harness's value on every rank; rank r is sent `rank_args[r]`, its shard only."""
+    return [value for value, _ in run_on_ranks(
+        fn, rank_args, exercise=exercise, where=where, hint=hint, harness=harness,
+        guard=TENSOR.in_rank, timeout=timeout)]
+
+
+def _shards(tensor, tp, dim):
+    """Rank r's piece of `tensor` (None stays None), cut into tp along `dim`, for r in order."""
+    return [None] * tp if tensor is None else [t.clone() for t in tensor.chunk(tp, dim=dim)]
+
+
+def _detached(value):
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+# ---------------------------------------------------------------- exercise 1: column parallel
+
+COLUMN_HINT = ("y_r = x @ weight.T + bias is this rank's out/t output features; all-gather the "
+               "y_r of every rank (dist.all_gather into a list of t tensors shaped like y_r) and "
+               "torch.cat them along the last dim, in rank order")
+
+
+def check_column_parallel_linear(column_parallel_linear, seed=None, timeout=CHECK_TIMEOUT_S):
+    """column_parallel_linear(x, weight, bias, group): x (..., in) whole on every rank, weight
+    this rank's rows (out/t, in) of W, bias its (out/t,) of b or None -> the whole (..., out)."""
+    __tracebackhide__ = True
+    expect_callable(column_parallel_linear, "column_parallel_linear")
+    seed, rng = draw(seed)
+    for i, tp in enumerate(draw_tp_sizes(rng)):
+        linear, x = _linear(rng, tp, bias=i != 1, split="out")
+        where = _where("column_parallel_linear", tp, linear, x, seed)
+        expected = linear(x).detach()
+        rows, bias = _shards(linear.weight.detach(), tp, 0), _shards(_bias(linear), tp, 0)
+        got = _run(column_parallel_linear, "column_parallel_linear", where, COLUMN_HINT,
+                   _column_in_rank, [(x, rows[r], bias[r]) for r in range(tp)], timeout)
+        for rank, y in enumerate(got):
+            expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
+                          hint=_column_hint(y, expected, linear, x, tp), **TOL)
+    print(f"column_parallel_linear: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; "
+          "with and without bias; 1 and 2 leading dims), equal to nn.Linear on every rank")
+
+
+def _column_in_rank(student, x, w_r, b_r):
+    """Runs in every rank, which holds x (..., in), its rows of W (out/t, in) and its entries
+    of b (out/t,) only: the student's output."""
+    return _detached(student(x, w_r, b_r, dist.group.WORLD))
+
+
+def _bias(linear):
+    return None if linear.bias is None else linear.bias.detach()
+
+
+def _column_hint(y, expected, linear, x, tp):
+    """Which mistake gives `y`, if it is one we know."""
+    blocks = expected.chunk(tp, dim=-1)  # what each rank computes: (..., out/t)
+    if isinstance(y, torch.Tensor) and y.shape == blocks[0].shape != expected.shape:
+        return "this is one rank's block of the output: all-gather the blocks of every rank"
+    if _close(y, torch.cat(blocks, dim=0)) or _close(y, torch.stack(blocks)):
+        return ("the blocks were joined along dim 0: each rank holds some output features "
+                "(columns of y), so torch.cat them along the last dim")
+    if _close(y, torch.cat(blocks[::-1], dim=-1)):
+        return "the blocks are in the wrong order: rank r's block is the r-th, left to right"
+    if linear.bias is not None and _close(y, expected - linear.bias.detach()):
+        return "the bias is missing: add this rank's bias entries to its block before gathering"
+    return COLUMN_HINT
+
+
+# ---------------------------------------------------------------- exercise 2: row parallel
+
+ROW_HINT = ("take this rank's slice of x's last dim (x.chunk(t, dim=-1)[rank]), multiply it by "
+            "weight.T (a partial sum of the output), all-reduce the partial sums, then add the "
+            "bias once")
+
+
+def check_row_parallel_linear(row_parallel_linear, seed=None, timeout=CHECK_TIMEOUT_S):
+    """row_parallel_linear(x, weight, bias, group): x (..., in) whole on every rank, weight this
+    rank's columns (out, in/t) of W, bias the whole (out,) b or None -> the whole (..., out)."""
+    __tracebackhide__ = True
+    expect_callable(row_parallel_linear, "row_parallel_linear")
+    seed, rng = draw(seed)
+    for i, tp in enumerate(draw_tp_sizes(rng)):
+        linear, x = _linear(rng, tp, bias=i != 2, split="in")
+        where = _where("row_parallel_linear", tp, linear, x, seed)
+        expected = linear(x).detach()
+        columns = _shards(linear.weight.detach(), tp, 1)
+        got = _run(row_parallel_linear, "row_parallel_linear", where, ROW_HINT, _row_in_rank,
+                   [(x, columns[r], _bias(linear)) for r in range(tp)], timeout)
+        for rank, y in enumerate(got):
+            expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
+                          hint=_row_hint(y, expected, linear, x, tp, rank), **TOL)
+    print(f"row_parallel_linear: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; "
+          "with and without bias), equal to nn.Linear on every rank, the bias added once")
+
+
+def _row_in_rank(student, x, w_r, b):
+    """Runs in every rank, which holds x (..., in), its columns of W (out, in/t) and the whole
+    bias (out,) only: the student's output."""
+    return _detached(student(x, w_r, b, dist.group.WORLD))
+
+
+def _row_hint(y, expected, linear, x, tp, rank):
+    bias = 0 if linear.bias is None else linear.bias.detach()
+    w_r = linear.weight.detach().chunk(tp, dim=1)[rank]
+    partial = x.chunk(tp, dim=-1)[rank] @ w_r.T  # (..., out): this rank's term
+    if linear.bias is not None and _close(y, expected + (tp - 1) * bias):
+        return (f"the bias was added {tp} times, once on every rank before the all-reduce: add "
+                "it after the all-reduce (or on one rank only, before it)")
+    if linear.bias is not None and _close(y, expected - bias):
+        return "the bias is missing: add it once, after the all-reduce"
+    if _close(y, partial + bias):
+        return ("this is only this rank's partial sum: all-reduce the partial sums of the "
+                "ranks (dist.all_reduce) before adding the bias")
+    return ROW_HINT

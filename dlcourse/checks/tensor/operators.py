@@ -1,0 +1,170 @@
+"""Lesson 04's exercises 3 and 4: Megatron's f and g as autograd Functions, run on real ranks
+forward and backward against one process's nn.Linear (the set's guide is `__init__.py`)."""
+
+import torch
+import torch.distributed as dist
+
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, Submitted, draw, expect_callable,
+                                  expect_tensor, fail, kind, random_tensor)
+from dlcourse.checks.tensor.linear import (TOL, TOLERANCE, _close, _detached, _linear,
+                                                    _run, _shards, _where)
+from dlcourse.checks.tensor.refused import draw_tp_sizes, wide_seed
+
+
+# ---------------------------------------------------------------- exercises 3 and 4: f and g
+
+F_HINT = ("forward returns x unchanged (x.view_as(x)) and keeps the group in ctx; backward "
+          "all-reduces the incoming gradient over ctx.group (every rank's layer used x, so x's "
+          "gradient is the sum of the ranks' gradients) and returns it, None for the group")
+G_HINT = ("forward all-reduces (a clone of) x over the group and returns the sum; backward "
+          "returns the incoming gradient as it is, None for the group: every rank already holds "
+          "the whole gradient of the sum")
+
+
+IN_PLACE_HINT = ("dist.all_reduce writes its result into the tensor it is given; a layer may "
+                 "still need its own partial output (or autograd may have saved it for "
+                 "backward), so g must not overwrite it: all-reduce a copy and return that")
+
+
+def check_f(f_function, seed=None, timeout=CHECK_TIMEOUT_S):
+    """f_function: an autograd Function, `f_function.apply(x, group)`: x on the way into a
+    column-parallel layer; forward the identity, backward the all-reduce of the gradient."""
+    __tracebackhide__ = True
+    _check_function(f_function, "f", seed, timeout)
+
+
+def check_g(g_function, seed=None, timeout=CHECK_TIMEOUT_S):
+    """g_function: an autograd Function, `g_function.apply(x, group)`: the partial outputs of a
+    row-parallel layer; forward their all-reduce, backward the identity."""
+    __tracebackhide__ = True
+    _check_function(g_function, "g", seed, timeout)
+
+
+def _check_function(fn, name, seed, timeout):
+    __tracebackhide__ = True
+    expect_callable(fn, name)
+    if not isinstance(fn, Submitted) and not _is_function_class(fn):  # a submission: on the rank
+        fail(name, None, _not_a_function_class(fn))
+    seed, rng = draw(seed)
+    for tp in draw_tp_sizes(rng):
+        split = "out" if name == "f" else "in"  # f enters a column layer, g leaves a row layer
+        linear, x = _linear(rng, tp, bias=False, split=split)
+        upstream = random_tensor(linear(x).shape, torch.float64, wide_seed(rng))
+        where = _where(name, tp, linear, x, seed)
+        xr = x.clone().requires_grad_()
+        (linear(xr) * upstream).sum().backward()  # one process: the whole layer's gradients
+        harness, rank_args = ((_f_in_rank, _f_shards(x, linear, upstream, tp)) if name == "f"
+                              else (_g_in_rank, _g_shards(x, linear, upstream, tp)))
+        got = _run(fn, name, where, F_HINT if name == "f" else G_HINT, harness, rank_args,
+                   timeout)
+        for rank, (y, grad, *changed) in enumerate(got):  # g's harness: did x change?
+            (_expect_f if name == "f" else _expect_g)(y, grad, x, xr, linear, upstream, tp, rank,
+                                                      where, *changed)
+    what = ("the identity forward, x's gradient summed over the ranks backward" if name == "f"
+            else "the sum of the partial outputs forward, the gradient unchanged backward")
+    print(f"{name}: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks): {what}")
+
+
+def _is_function_class(fn):
+    return isinstance(fn, type) and issubclass(fn, torch.autograd.Function)
+
+
+def _not_a_function_class(fn):
+    return (f"the check needs your autograd Function class itself (class ...("
+            f"torch.autograd.Function) with forward and backward), not {kind(fn)}")
+
+
+def _apply(student, x):
+    """student.fn.apply(x, WORLD), inside the guards, once it is known to be a Function class
+    (for a submission, only the rank has it unpickled)."""
+    if not _is_function_class(student.fn):
+        raise TypeError(_not_a_function_class(student.fn))
+    return student.fn.apply(x, dist.group.WORLD)
+
+
+def _f_shards(x, linear, upstream, tp):
+    """Rank r's (x, its rows of W, its block of the upstream gradient): f's backward must sum
+    x's gradient shares, which no rank can compute alone."""
+    rows, ups = _shards(linear.weight.detach(), tp, 0), _shards(upstream, tp, -1)
+    return [(x, rows[r], ups[r]) for r in range(tp)]
+
+
+def _g_shards(x, linear, upstream, tp):
+    """Rank r's (its slice of x's last dim, its columns of W, the upstream gradient): g's forward
+    must sum the partial outputs, which no rank can compute alone."""
+    xs, columns = _shards(x, tp, -1), _shards(linear.weight.detach(), tp, 1)
+    return [(xs[r], columns[r], upstream) for r in range(tp)]
+
+
+def _f_in_rank(student, x, w_r, up_r):
+    """Runs in every rank: y = f(x) feeds this rank's rows of W, w_r (out/t, in), a
+    column-parallel layer; the gradient of its output block, up_r (..., out/t), flows back
+    through the student's backward."""
+    x = x.requires_grad_()
+    with student.guarded():  # forward and backward both run the student's code
+        y = _apply(student, x)
+        if isinstance(y, torch.Tensor) and y.shape == x.shape and y.requires_grad:
+            (y @ w_r.T * up_r).sum().backward()
+    return _detached(y), _detached(x.grad)
+
+
+def _g_in_rank(student, x_r, w_r, upstream):
+    """Runs in every rank: this rank's partial output x_r W_r^T (x_r (..., in/t), W_r (out,
+    in/t)) goes through g; every rank then has the same loss, whose gradient must reach W_r
+    unchanged."""
+    w_r = w_r.requires_grad_()
+    partial = x_r @ w_r.T  # (..., out)
+    before = partial.detach().clone()  # g must leave the caller's tensor as it was
+    with student.guarded():
+        y = _apply(student, partial)
+        changed = not torch.equal(partial.detach(), before)
+        if isinstance(y, torch.Tensor) and y.shape == partial.shape and y.requires_grad:
+            (y * upstream).sum().backward()
+    return _detached(y), _detached(w_r.grad), changed
+
+
+def _expect_f(y, grad, x, xr, linear, upstream, tp, rank, where):
+    __tracebackhide__ = True
+    hint = (f"f's forward is the identity: the all-reduce belongs in backward. {F_HINT}"
+            if _close(y, tp * x) else F_HINT)
+    expect_tensor(y, x, where=f"{where}, forward", rank=rank, hint=hint)
+    if grad is None:
+        fail(f"{where}, backward", rank, "left x.grad None: backward must return the gradient "
+             "for x (and None for the group)", F_HINT)
+    w_r, up_r = linear.weight.detach().chunk(tp, dim=0)[rank], upstream.chunk(tp, dim=-1)[rank]
+    hint = F_HINT
+    if _close(grad, up_r @ w_r):
+        hint = ("x's gradient is only this rank's share (from its own rows of W): backward "
+                "must all-reduce it over the group")
+    elif _close(grad, xr.grad / tp):
+        hint = "x's gradient was averaged: sum it over the ranks, do not divide by t"
+    expect_tensor(grad, xr.grad, where=f"{where}, backward: x.grad", rank=rank, hint=hint,
+                  tolerance=TOLERANCE, **TOL)
+
+
+def _expect_g(y, grad, x, xr, linear, upstream, tp, rank, where, changed):
+    __tracebackhide__ = True
+    w_r = linear.weight.detach().chunk(tp, dim=1)[rank]
+    partial = x.chunk(tp, dim=-1)[rank] @ w_r.T
+    expected = (x @ linear.weight.detach().T)
+    hint = G_HINT
+    if _close(y, partial):
+        hint = "forward returned this rank's partial output: all-reduce the partial outputs"
+    elif _close(y, expected / tp):
+        hint = "forward averaged the partial outputs: they must be summed (no division by t)"
+    expect_tensor(y, expected, where=f"{where}, forward", rank=rank, hint=hint,
+                  tolerance=TOLERANCE, **TOL)
+    if changed:
+        fail(f"{where}, forward", rank, "changed the tensor it was given: the caller's partial "
+             "output now holds the sum of every rank's", IN_PLACE_HINT)
+    if grad is None:
+        fail(f"{where}, backward", rank, "left the gradient of W_r None: backward must return "
+             "the gradient for x (and None for the group)", G_HINT)
+    want = linear.weight.grad.chunk(tp, dim=1)[rank]  # W_r's columns of the whole gradient
+    hint = G_HINT
+    if _close(grad, tp * want):
+        hint = (f"the gradient came back {tp} times too large: g's backward must not "
+                "all-reduce (torch.distributed.nn.functional.all_reduce does, in backward too); "
+                "return the incoming gradient as it is")
+    expect_tensor(grad, want, where=f"{where}, backward: W_r.grad", rank=rank, hint=hint,
+                  tolerance=TOLERANCE, **TOL)

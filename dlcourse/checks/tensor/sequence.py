@@ -1,0 +1,299 @@
+"""Lesson 04's sequence-parallel checks (the package's `__init__` exports them):
+
+    check_sequence_parallel(GatherSequence, ReduceScatterSequence)   the conjugate pair
+    check_layernorm_grads(sync_layernorm_grads)                      the LayerNorm's gradients
+
+Sequence parallelism (Korthikanti et al. 2022, §4.2.2) keeps the activations outside the
+tensor-parallel region cut along the sequence: rank r holds tokens r T/t .. (r+1) T/t - 1 of
+(B, T, h). Both checks run the same block on t = 2, 3, 4 real ranks, in float64:
+
+    x_r (B, T/t, h) -> LayerNorm -> gather -> column-parallel Linear(h, f) -> gelu
+        -> row-parallel Linear(f, h, no bias) -> reduce-scatter -> y_r (B, T/t, h)
+
+against one process running LayerNorm, Linear, gelu, Linear on the whole (B, T, h). Each rank is
+sent its tokens, its rows or columns of the weights and its tokens' upstream gradient only. The
+collectives are counted by kind and bytes (`CommCounter`): the pair makes, in forward and again
+in backward, one all-gather and one reduce-scatter of the whole (B, T, h), nothing else; the
+LayerNorm's gradients take one all-reduce of its 2h numbers. `refused.TENSOR` is refused while
+the student's code runs (exercise 8's block runs the lesson's pair before that).
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dlcourse import pickling
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, CheckFailed, StudentCode, Submitted,
+                                  expect_callable, expect_tensor, fail, kind, random_tensor,
+                                  run_on_ranks)
+from dlcourse.checks.core.cases import draw
+from dlcourse.checks.core.stubs import not_written, stub_message
+from dlcourse.checks.tensor.refused import TENSOR, draw_tp_sizes, wide_seed
+from dlcourse.collectives.counter import CommCounter
+from dlcourse.parallel.tensor.comm import gather_sequence, reduce_scatter_sequence
+
+# float64: a value is a LayerNorm and two dot products of at most ~40 terms of size ~1, rounded
+# differently by one process and a rank, ~1e-14; 1e-10 allows 10^4 times that. The mistakes named
+# here move values by 0.01 or more (a share of the tokens, a factor t).
+TOL = dict(atol=1e-10, rtol=1e-10)
+TOLERANCE = "1e-10 (float64 rounding)"
+WHY = "it is the check's own reference for this exercise; write it yourself"
+PAIR_HINT = ("GatherSequence: forward all-gathers the ranks' (B, T/t, h) shards along dim 1 (the "
+             "sequence), backward reduce-scatters the gradient along dim 1; ReduceScatterSequence "
+             "the other way round")
+SYNC_HINT = ("each rank's LayerNorm saw only its own tokens: all-reduce (sum) the .grad of its "
+             "weight and bias over the group, in place")
+
+
+# ---------------------------------------------------------------- the block and its reference
+
+
+SEQUENCE = TENSOR.but(allow=TENSOR.allow + ("_shape_checked", "_block"))  # the harness's, in guard
+
+
+def draw_block(rng, tp):
+    """(x, ln, a, b, upstream): B 1-2, T = tp k, h 2-5, f = tp j; float64, fresh seeds."""
+    B, T, h = rng.randint(1, 2), tp * rng.randint(1, 3), rng.randint(2, 5)
+    f = tp * rng.randint(1, 3)
+    ln, a, b = (nn.LayerNorm(h, dtype=torch.float64), nn.Linear(h, f, dtype=torch.float64),
+                nn.Linear(f, h, bias=False, dtype=torch.float64))
+    with torch.no_grad():
+        for p in (*ln.parameters(), *a.parameters(), *b.parameters()):
+            p.copy_(random_tensor(p.shape, torch.float64, wide_seed(rng)))
+    x = random_tensor((B, T, h), torch.float64, wide_seed(rng))
+    return x, ln, a, b, random_tensor((B, T, h), torch.float64, wide_seed(rng))
+
+
+def reference(x, ln, a, b, upstream):
+    """One process, the whole sequence: y and every gradient."""
+    x = x.clone().requires_grad_()
+    y = b(F.gelu(a(ln(x))))
+    (y * upstream).sum().backward()
+    grads = {name: p.grad.detach().clone() for name, p in
+             [("ln.weight", ln.weight), ("ln.bias", ln.bias), ("a.weight", a.weight),
+              ("a.bias", a.bias), ("b.weight", b.weight)]}
+    return y.detach(), x.grad.detach(), grads
+
+
+def rank_args(x, ln, a, b, upstream, tp):
+    """Rank r's tokens, the LayerNorm (whole: it is replicated), its rows of A and of A's bias,
+    its columns of B, its tokens' upstream gradient."""
+    cut = lambda t, dim: [c.detach().clone() for c in t.chunk(tp, dim=dim)]  # noqa: E731
+    xs, ups = cut(x, 1), cut(upstream, 1)
+    a_w, a_b, b_w = cut(a.weight, 0), cut(a.bias, 0), cut(b.weight, 1)
+    ln_state = (ln.weight.detach().clone(), ln.bias.detach().clone())
+    return [(xs[r], ln_state, a_w[r], a_b[r], b_w[r], ups[r]) for r in range(tp)]
+
+
+def _block(x_r, ln_state, a_w, a_b, b_w, gather, scatter):
+    """A rank's forward: (y_r, x_r with grad, its LayerNorm, its A and B weights)."""
+    x_r = x_r.requires_grad_()
+    ln = nn.LayerNorm(ln_state[0].shape[0], dtype=torch.float64)
+    with torch.no_grad():
+        ln.weight.copy_(ln_state[0]), ln.bias.copy_(ln_state[1])
+    a_w, a_b, b_w = (t.requires_grad_() for t in (a_w, a_b, b_w))
+    full = gather(ln(x_r), dist.group.WORLD)  # (B, T, h)
+    partial = F.gelu(full @ a_w.T + a_b) @ b_w.T  # (B, T, h): this rank's term of the sum
+    return scatter(partial, dist.group.WORLD), x_r, ln, (a_w, a_b, b_w)
+
+
+def _grad(t):
+    return None if t.grad is None else t.grad.detach().clone()
+
+
+def _records(comm):
+    return [(r.op, r.nbytes) for r in comm.records]
+
+
+# ---------------------------------------------------------------- exercise 7: the pair
+
+
+def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, seed=None,
+                            timeout=CHECK_TIMEOUT_S):
+    """GatherSequence and ReduceScatterSequence, autograd Functions used as `.apply(x, group)`,
+    around a column- and a row-parallel layer on t real ranks: y, x's and the weights' gradients
+    equal one process's, with one all-gather and one reduce-scatter each way."""
+    __tracebackhide__ = True
+    for fn, name in ((gather_sequence, "GatherSequence"),
+                     (reduce_scatter_sequence, "ReduceScatterSequence")):
+        expect_callable(fn, name)
+        if not isinstance(fn, Submitted) and not _is_function_class(fn):
+            fail(name, None, f"the check needs your autograd Function class itself, not "
+                             f"{kind(fn)}")
+        stubs = [stub_message(vars(fn)[m].__func__) for m in ("forward", "backward")
+                 if not isinstance(fn, Submitted) and isinstance(vars(fn).get(m), staticmethod)]
+        if any(text is not None for text in stubs):  # named here, not as the first class
+            raise CheckFailed(not_written(name, next(t for t in stubs if t is not None)))
+    other = StudentCode(reduce_scatter_sequence.payload
+                        if isinstance(reduce_scatter_sequence, Submitted)
+                        else pickling.dumps(reduce_scatter_sequence), guard=SEQUENCE.in_rank)
+    seed, rng = draw(seed)
+    for tp in draw_tp_sizes(rng):
+        x, ln, a, b, upstream = draw_block(rng, tp)
+        where = (f"sequence parallelism on {tp} ranks, x {tuple(x.shape)} cut along dim 1, "
+                 f"Linear({a.in_features}, {a.out_features}), seed {seed}")
+        outcomes = run_on_ranks(gather_sequence, [(*r, other) for r in
+                                                  rank_args(x, ln, a, b, upstream, tp)],
+                                exercise="GatherSequence", where=where, hint=PAIR_HINT,
+                                harness=_pair_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
+        y, x_grad, grads = reference(x, ln, a, b, upstream)
+        for rank, (got, _) in enumerate(outcomes):
+            _expect_pair(got, rank, tp, y, x_grad, grads, x, where)
+    print(f"GatherSequence, ReduceScatterSequence: passed on 3 cases drawn with seed {seed} "
+          "(2, 3 and 4 ranks): every rank's tokens of y, of x's gradient and its weights' "
+          "gradients equal one process's; forward and backward each one all-gather and one "
+          "reduce-scatter of the whole (B, T, h)")
+
+
+def _is_function_class(fn):
+    return isinstance(fn, type) and issubclass(fn, torch.autograd.Function)
+
+
+def _pair_in_rank(student, x_r, ln_state, a_w, a_b, b_w, up_r, other):
+    """Runs in every rank: the block with the student's pair (both classes inside their guards),
+    forward and backward counted apart."""
+    with student.guarded(), other.guarded():
+        for fn in (student.fn, other.fn):
+            if not (isinstance(fn, type) and issubclass(fn, torch.autograd.Function)):
+                raise TypeError(f"expected an autograd Function class, got {kind(fn)}")
+        t, (B, T_t, h) = dist.get_world_size(), x_r.shape
+        gather = _shape_checked(student.fn.apply, "GatherSequence", (B, T_t * t, h))
+        scatter = _shape_checked(other.fn.apply, "ReduceScatterSequence", (B, T_t, h))
+        with CommCounter() as forward:
+            y_r, x_r, ln, (a_w, a_b, b_w) = _block(x_r, ln_state, a_w, a_b, b_w, gather, scatter)
+        with CommCounter() as backward:
+            if isinstance(y_r, torch.Tensor) and y_r.shape == up_r.shape and y_r.requires_grad:
+                (y_r * up_r).sum().backward()
+    return {"y": y_r.detach().clone() if isinstance(y_r, torch.Tensor) else None,
+            "x": _grad(x_r), "a.weight": _grad(a_w), "a.bias": _grad(a_b),
+            "b.weight": _grad(b_w), "forward": _records(forward),
+            "backward": _records(backward)}
+
+
+def _shape_checked(apply, name, shape):
+    """`apply`, failing at once (in the rank) if its output is not of `shape`."""
+    def call(x, group):
+        out = apply(x, group)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else kind(out)
+            raise ValueError(f"{name}.apply on {tuple(x.shape)} returned {got}, expected "
+                             f"{shape}: the shards are cut along the sequence, dim 1 of (B, T, h)")
+        return out
+    return call
+
+
+def _expect_pair(got, rank, tp, y, x_grad, grads, x, where):
+    __tracebackhide__ = True
+    mine = lambda t, dim=1: t.chunk(tp, dim=dim)[rank]  # noqa: E731
+    expect_tensor(got["y"], mine(y), where=f"{where}, forward: y", rank=rank,
+                  tolerance=TOLERANCE, hint=_y_hint(got["y"], y, tp, rank), **TOL)
+    for name, want, dim in (("x", x_grad, 1), ("a.weight", grads["a.weight"], 0),
+                            ("a.bias", grads["a.bias"], 0), ("b.weight", grads["b.weight"], 1)):
+        expect_tensor(got[name], mine(want, dim), where=f"{where}, backward: {name}.grad",
+                      rank=rank, tolerance=TOLERANCE, hint=_grad_hint(got[name], want, tp,
+                                                                       rank, dim), **TOL)
+    whole = x.numel() * x.element_size()  # bytes of the whole (B, T, h)
+    for phase in ("forward", "backward"):
+        _expect_collectives(got[phase], whole, phase, rank, where)
+
+
+def _y_hint(got, y, tp, rank):
+    if isinstance(got, torch.Tensor) and got.shape == y.shape:
+        return ("this is the whole sequence: ReduceScatterSequence keeps this rank's tokens "
+                "only, summed over the ranks")
+    if isinstance(got, torch.Tensor) and got.shape != y.chunk(tp, 1)[rank].shape:
+        return "the cut is along the sequence, dim 1 of (B, T, h): gather and scatter there"
+    return PAIR_HINT
+
+
+def _grad_hint(got, want, tp, rank, dim):
+    if isinstance(got, torch.Tensor) and dim == 1 and torch.allclose(
+            got, tp * want.chunk(tp, dim)[rank], **TOL):
+        return (f"{tp} times too large: the gradient was summed twice (a reduce-scatter, or an "
+                "all-reduce, where the other direction only gathers)")
+    if dim == 1:  # x's gradient
+        return ("every rank's layers used this rank's tokens, so their gradient is a sum over "
+                "the ranks: GatherSequence's backward reduce-scatters along dim 1")
+    return PAIR_HINT
+
+
+def _expect_collectives(records, whole, phase, rank, where):
+    """One all-gather of `whole` bytes and one reduce-scatter of `whole` bytes, nothing else."""
+    __tracebackhide__ = True
+    moved = {}
+    for op, nbytes in records:
+        moved[op] = moved.get(op, 0) + nbytes
+    if moved == {"all_gather": whole, "reduce_scatter": whole}:
+        return
+    said = ", ".join(f"{op} {n} bytes" for op, n in sorted(moved.items())) or "nothing"
+    fail(f"{where}, {phase}", rank, f"moved {said} in {len(records)} collectives; the pair "
+                                    f"moves one all-gather of the whole (B, T, h), {whole} bytes,"
+                                    f" and one reduce-scatter of it, {whole} bytes",
+         "an all-reduce (or gathering every rank's whole tensor) and then keeping a slice moves "
+         "t times what a reduce-scatter does; each direction needs exactly one all-gather and "
+         "one reduce-scatter (dist.all_gather / dist.reduce_scatter, or their _single forms)")
+
+
+# ---------------------------------------------------------------- exercise 8: LayerNorm grads
+
+
+def check_layernorm_grads(sync_layernorm_grads, seed=None, timeout=CHECK_TIMEOUT_S):
+    """sync_layernorm_grads(layernorm, group), called after backward on every rank of the
+    sequence-parallel block: each rank's LayerNorm .grad must then be the whole sequence's, with
+    one all-reduce of its 2h numbers."""
+    __tracebackhide__ = True
+    expect_callable(sync_layernorm_grads, "sync_layernorm_grads")
+    seed, rng = draw(seed)
+    for tp in draw_tp_sizes(rng):
+        x, ln, a, b, upstream = draw_block(rng, tp)
+        where = (f"sync_layernorm_grads on {tp} ranks, LayerNorm({x.shape[-1]}), x "
+                 f"{tuple(x.shape)} cut along dim 1, seed {seed}")
+        outcomes = run_on_ranks(sync_layernorm_grads, rank_args(x, ln, a, b, upstream, tp),
+                                exercise="sync_layernorm_grads", where=where, hint=SYNC_HINT,
+                                harness=_sync_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
+        _, _, grads = reference(x, ln, a, b, upstream)
+        for rank, (got, _) in enumerate(outcomes):
+            _expect_synced(got, rank, tp, grads, ln, where)
+    print(f"sync_layernorm_grads: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks): "
+          "every rank's LayerNorm gradients equal one process's on the whole sequence, one "
+          "all-reduce of 2h numbers")
+
+
+def _sync_in_rank(student, x_r, ln_state, a_w, a_b, b_w, up_r):
+    """Runs in every rank: the block with the lesson's pair, backward, then the student's
+    function on this rank's LayerNorm (inside its guards), its collectives counted."""
+    y_r, _, ln, _ = _block(x_r, ln_state, a_w, a_b, b_w, gather_sequence,
+                           reduce_scatter_sequence)  # the lesson's pair: refused only later
+    (y_r * up_r).sum().backward()
+    own = {"weight": _grad(ln.weight), "bias": _grad(ln.bias)}
+    with CommCounter() as comm:
+        student(ln, dist.group.WORLD)
+    return {"weight": _grad(ln.weight), "bias": _grad(ln.bias), "own": own,
+            "params": (ln.weight.detach().clone(), ln.bias.detach().clone()),
+            "collectives": _records(comm)}
+
+
+def _expect_synced(got, rank, tp, grads, ln, where):
+    __tracebackhide__ = True
+    for name in ("weight", "bias"):
+        want, own = grads[f"ln.{name}"], got["own"][name]
+        hint = SYNC_HINT
+        if isinstance(got[name], torch.Tensor) and torch.allclose(got[name], own, **TOL):
+            hint = ("unchanged since backward: only this rank's tokens are in it, so the tp "
+                    "ranks' copies of one LayerNorm get different gradients (the symptom "
+                    "Megatron-LM issue #1446 reports). " + SYNC_HINT)
+        elif isinstance(got[name], torch.Tensor) and torch.allclose(got[name], want / tp, **TOL):
+            hint = "averaged: each rank's part is a sum over its tokens, so sum the parts"
+        expect_tensor(got[name], want, where=f"{where}: LayerNorm {name}.grad", rank=rank,
+                      tolerance=TOLERANCE, hint=hint, **TOL)
+    if not (torch.equal(got["params"][0], ln.weight.detach())
+            and torch.equal(got["params"][1], ln.bias.detach())):
+        fail(where, rank, "changed the LayerNorm's parameters: sync their gradients only",
+             SYNC_HINT)
+    moved = [(op, n) for op, n in got["collectives"]]
+    size = 2 * ln.weight.numel() * ln.weight.element_size()
+    if any(op != "all_reduce" for op, _ in moved) or sum(n for _, n in moved) != size:
+        said = ", ".join(f"{op} {n} bytes" for op, n in moved) or "nothing"
+        fail(where, rank, f"moved {said}; the LayerNorm's gradients need an all-reduce of its "
+                          f"2h numbers, {size} bytes, nothing more", SYNC_HINT)
