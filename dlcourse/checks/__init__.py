@@ -33,7 +33,8 @@ core's `verdict`; the library never imports them either.
     debug/            lesson 10: divergence.py, hang.py, fix.py, runs.py (the recorded runs),
                       reference.py, refusal.py (DEBUGGING)
     checkpoint/       lesson 11: resume.py, reshard.py, complete.py, interval.py, refusal.py
-    hints/            every exercise's hint levels, a table a lesson group; summary.py: check_all
+    hints.py          hint(exercise): the next level of an exercise's hints, from its set's
+                      hints.py; summary.py: check_all
 
 Import from the set: `from dlcourse.checks.launch import check_gather_all`.
 """

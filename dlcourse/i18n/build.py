@@ -22,13 +22,15 @@ def hints_of(notebook):
     """{exercise: English hint levels} for the exercises graded in `notebook` (none for a
     lesson). The one place the library reads the checks' hint tables: this build is a
     translator's tool, run apart from any graded process (tests/test_exercises.py exempts it)."""
-    from dlcourse.checks.hints import HINTS
+    from dlcourse.checks.hints import of_set
     from dlcourse.grading.notebooks import grader_cells
+    from dlcourse.lessons import lesson
 
     if Path(notebook).parent.name != "exercises":
         return {}
+    hints = of_set(lesson(Path(notebook).name[:2]).name)  # the notebook's set's table
     nb = nbformat.read(str(notebook), as_version=4)
-    return {g.exercise: HINTS[g.exercise] for g in grader_cells(nb) if g.exercise in HINTS}
+    return {g.exercise: hints[g.exercise] for g in grader_cells(nb) if g.exercise in hints}
 
 # [text](target) or [text](target "title"); images too. Absolute URLs and anchors stay.
 LINK = re.compile(r"(\]\()([^)\s]+)((?:\s+\"[^\"]*\")?\))")

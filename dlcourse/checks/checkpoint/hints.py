@@ -1,4 +1,6 @@
-"""Hint levels of lesson 11's exercises (`hints/__init__.py` joins the tables)."""
+"""Hint levels of lesson 11's exercises (`exercises/11_checkpoints.ipynb`), by
+exercise id: the first is the stub's nudge, the last a plan in words, never the code.
+`dlcourse.checks.hints.hint(exercise)` shows them one level at a time."""
 
 HINTS = {
     "resume_state": (
