@@ -5,7 +5,7 @@ import re
 
 import torch.distributed as dist
 
-from checking import first_line_and_hint, starts
+from checking import first_line_and_message, starts
 
 
 def _tp(group):
@@ -13,9 +13,12 @@ def _tp(group):
 
 
 def expect_failure(check, answer, exercise, says, hint=""):
-    """The check fails on `answer`: first line '<exercise> on N ranks, ... seed S...: <says>'."""
-    first, got_hint = first_line_and_hint(check, answer)
-    assert re.match(rf"{exercise} on \d ranks, .*seed \d+", first), first
+    """The check fails on `answer`: first line '<exercise> on N ranks, ...: <says>', the message
+    ending with the seed that draws its cases again (`core.fresh_cases`)."""
+    first, message = first_line_and_message(check, answer)
+    got_hint = message.partition("\n")[2].partition("Hint: ")[2]
+    assert re.match(rf"{exercise} on \d ranks, ", first), first
+    assert re.search(r"\(cases drawn from seed \d+: ", message), message
     says = says if isinstance(says, tuple) else (says,)
     parts = first.split(": ")[1:]  # after the case, and after "backward: x.grad" if there
     assert any(starts(part, one) for part in parts for one in says), first

@@ -1,4 +1,4 @@
-"""Lesson 03's check of accumulate_step (`dlcourse/checks/data.py`): the solutions pass,
+"""Lesson 03's check of accumulate_step (`dlcourse/checks/data/accumulate.py`): the solutions pass,
 and the wrong answers students write fail with a message naming the case, the rank, the
 parameter, expected vs got, and a hint that says which mistake it was."""
 

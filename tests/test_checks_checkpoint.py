@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from checking import first_line_and_hint
 from dlcourse.checks.checkpoint import (check_checkpoint_interval, check_is_complete,
-                                         check_load_my_shard, check_resume_state)
+                                        check_load_my_shard, check_resume_state)
 
 # ---------------------------------------------------------------- exercise 1: the resume state
 

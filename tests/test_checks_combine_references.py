@@ -9,7 +9,7 @@ import pytest
 from checking import first_line_and_hint
 from dlcourse.checks.combine import grid as combining
 from dlcourse.checks.combine import (check_cost_per_million_tokens, check_grid_state_bytes,
-                                       check_rank_coords)
+                                     check_rank_coords)
 from dlcourse.memory import model_state_bytes
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.planner.estimate import estimate

@@ -1,7 +1,7 @@
-"""Lesson 01's checks of count_gpt_params and zero_model_state (`dlcourse/checks/memory.py`), and
-what every lesson-01 check does with an unwritten, crashing or misused function: the solutions
-pass, and the wrong answers students write fail with a message naming the case, the part,
-expected vs got, and a hint."""
+"""Lesson 01's checks of count_gpt_params and zero_model_state
+(`dlcourse/checks/memory/formulas.py`), and what every lesson-01 check does with an unwritten,
+crashing or misused function: the solutions pass, and the wrong answers students write fail with
+a message naming the case, the part, expected vs got, and a hint."""
 
 import math
 

@@ -10,7 +10,7 @@ import torch.distributed.pipelining.schedules as torch_schedules
 from checking import first_line_and_hint
 from dlcourse.checks.core import ForbiddenCall
 from dlcourse.checks.core.answers import class_methods
-from dlcourse.checks.pipeline import schedules, stages
+from dlcourse.checks.pipeline.answers import ANSWERS
 from dlcourse.checks.pipeline import check_bubble_fraction
 
 
@@ -40,7 +40,7 @@ def library(tmp_path, monkeypatch):
     (package / "schedules" / "__init__.py").write_text("")
     (package / "schedules" / "bubble.py").write_text(LIBRARY_SOURCE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(stages.PIPELINE, "packages", ("late_pipeline",))
+    monkeypatch.setattr(ANSWERS, "packages", ("late_pipeline",))
     import late_pipeline.schedules.bubble as module
     yield module
     for name in [n for n in sys.modules if n.startswith("late_pipeline")]:
@@ -75,16 +75,16 @@ def test_the_library_answer_is_refused_through_any_path(library):
 
 
 def test_every_answer_found_is_refused_while_the_guard_is_active_and_only_then():
-    found = stages.PIPELINE.objects()
+    found = ANSWERS.objects()
     answers = [(each, fn) for name, value in found
                for each, fn in ([(name, value)] if inspect.isfunction(value)
                                 else class_methods(name, value))
                if not fn.__closure__]
-    answers += [key for key in stages.PIPELINE.keys() if not key[1].__closure__]
+    answers += [key for key in ANSWERS.keys() if not key[1].__closure__]
     assert any("one_f_one_b from dlcourse.checks" in name for name, _ in answers)
     assert any("Schedule1F1B" in name for name, _ in answers)
     codes = [fn.__code__ for _, fn in answers]
-    with stages.PIPELINE.refusing():
+    with ANSWERS.refusing():
         for name, fn in answers:
             with pytest.raises(ForbiddenCall, match=f"called {name}, which this exercise does"):
                 fn()

@@ -10,6 +10,7 @@ import pytest
 
 from checking import first_line_and_hint
 from dlcourse.checks.pipeline import interleaved as si
+from dlcourse.checks.pipeline.answers import ANSWERS
 from dlcourse.checks.core import CheckFailed
 from dlcourse.checks.pipeline import check_schedule_interleaved
 from dlcourse.parallel.pipeline.measure import bubble_fraction, in_flight_peak, simulate
@@ -192,7 +193,7 @@ def test_the_library_and_the_checks_references_are_refused(answer, says):
 
 
 def test_the_refusal_ends_with_the_student_code():
-    with si.PIPELINE.refusing():
+    with ANSWERS.refusing():
         with pytest.raises(Exception, match="does not allow"):
             si.expected_warm_up(0, 2, 2, 2)
     assert si.expected_warm_up(0, 2, 2, 2) == 4

@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 from dlcourse.checks.core import CheckFailed
 from dlcourse.checks.tensor import (check_column_parallel_linear, check_f, check_g,
-                                             check_row_parallel_linear,
-                                             check_vocab_parallel_cross_entropy)
+                                    check_row_parallel_linear, check_vocab_parallel_cross_entropy)
 
 
 def reachable_tensors():

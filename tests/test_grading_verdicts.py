@@ -1,6 +1,6 @@
 """Issue 16: a student cell cannot decide its grader's verdict. `dlcourse grade` runs each course
 grader's check in a fresh process on the objects the kernel exported (`grading/verdicts.py`,
-`checks/verdict.py`), and reads what the ranks send back as data only."""
+`checks/core/verdict.py`), and reads what the ranks send back as data only."""
 
 import copy
 import os

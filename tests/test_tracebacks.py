@@ -36,7 +36,8 @@ COURSE_FILE = re.compile(r"dlcourse/[\w/]+\.py")
 
 
 def _course_lines(traceback):
-    """The traceback's lines that name a file of the course (`dlcourse/checks/core.py:219`)."""
+    """The traceback's lines that name a file of the course (`dlcourse/checks/core/ranks.py:219`).
+    """
     return [line for line in traceback.splitlines() if COURSE_FILE.search(line)]
 
 

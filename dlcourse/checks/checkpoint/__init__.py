@@ -10,7 +10,7 @@
     check_is_complete(is_complete)        real checkpoints of 2 ranks, some torn by the check
 
     resume.py, reshard.py, interval.py, complete.py   the four checks
-    refusal.py    what is refused while a student's code runs
+    answers.py    what is refused while a student's code runs
 
 Every check draws its cases afresh and names the seed with a failure; `seed=` draws them again.
 """

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import dlcourse
 from dlcourse.checkpoint.files import METADATA, save_checkpoint
-from dlcourse.checks.checkpoint.refusal import checkpoints_guard_for
+from dlcourse.checks.checkpoint.answers import ANSWERS
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases
 
 TEARS = {
@@ -73,7 +73,7 @@ def check_is_complete(is_complete, *, rng):
             path = shutil.copytree(saved, path) if how is None else _tear(saved, path, how, rng)
             where = f"is_complete on a checkpoint of {world_size} ranks ({label})"
             got = call_in_process(is_complete, (path,), exercise="is_complete", where=where,
-                                  guard=checkpoints_guard_for)
+                                  guard=ANSWERS.in_process)
             if how is None and got is not True:
                 fail(where, None, f"returned {got!r} for a complete checkpoint",
                      "a folder whose metadata lists files that are all there at their sizes is "

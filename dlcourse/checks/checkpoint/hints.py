@@ -1,6 +1,4 @@
-"""Hint levels of lesson 11's exercises (`exercises/11_checkpoints.ipynb`), by
-exercise id: the first is the stub's nudge, the last a plan in words, never the code.
-`dlcourse.checks.hints.hint(exercise)` shows them one level at a time."""
+"""The hint levels of exercises/11_checkpoints.ipynb, by exercise id."""
 
 HINTS = {
     "resume_state": (

@@ -11,7 +11,7 @@ failure rates); compared with this module's own arithmetic to 1e-9 relative.
 
 import math
 
-from dlcourse.checks.checkpoint.refusal import checkpoints_guard_for
+from dlcourse.checks.checkpoint.answers import ANSWERS
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases
 
 HINT = ("M is the job's mean time between failures: any of the n GPUs failing stops it; δ is the "
@@ -42,7 +42,7 @@ def check_checkpoint_interval(checkpoint_interval, *, rng):
         where = (f"checkpoint_interval({n:,} GPUs, {size / 1e12:.2f} TB, {bw / 1e12:.2f} TB/s, "
                  f"R = {restart:.0f} s, λ = {rate:.2e} per GPU-hour)")
         got = call_in_process(checkpoint_interval, args, exercise="checkpoint_interval",
-                              where=where, guard=checkpoints_guard_for, hint=HINT)
+                              where=where, guard=ANSWERS.in_process, hint=HINT)
         tau, good, mtbf, delta = _reference(*args)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             fail(where, None, f"returned {got!r}", "return a pair: (τ* in seconds, goodput)")

@@ -14,7 +14,7 @@ chunks that overlap its piece.
 
 import torch
 
-from dlcourse.checks.checkpoint.refusal import refusing_checkpoints
+from dlcourse.checks.checkpoint.answers import ANSWERS
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail, fresh_cases
 from dlcourse.checks.core import run_on_ranks
 
@@ -75,7 +75,7 @@ def check_load_my_shard(load_my_shard, timeout=CHECK_TIMEOUT_S, *, rng):
         where = f"load_my_shard: {numel} values saved by {n} ranks, loaded on {m}"
         outcomes = run_on_ranks(load_my_shard, [(metadata, files)] * m, exercise="load_my_shard",
                                 where=where, hint=HINT, harness=_load_in_rank,
-                                guard=refusing_checkpoints, timeout=timeout)
+                                guard=ANSWERS.in_rank, timeout=timeout)
         pieces = torch.tensor_split(whole, m)
         start = 0
         for rank, ((got, reads), _) in enumerate(outcomes):

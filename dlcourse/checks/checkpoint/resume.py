@@ -21,7 +21,7 @@ import dlcourse
 from dlcourse.checkpoint.forgetting import (compare_runs, first_divergence, record_run,
                                             through_bytes, trained)
 from dlcourse.checkpoint.run import RunConfig, TrainRun
-from dlcourse.checks.checkpoint.refusal import refusing_checkpoints
+from dlcourse.checks.checkpoint.answers import ANSWERS
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.errors import RankError
 from dlcourse.launcher import PerRank
@@ -79,7 +79,7 @@ def check_resume_state(resume_state, timeout=CHECK_TIMEOUT_S, *, rng):
     where = (f"resume_state on 2 ranks (saved after step {k}, dropout {cfg.model.dropout}, "
              f"warm-up {cfg.warmup} steps)")
     saved = run_on_ranks(resume_state, [(cfg, k)] * 2, exercise="resume_state", where=where,
-                         hint=HINT, harness=_save_in_rank, guard=refusing_checkpoints,
+                         hint=HINT, harness=_save_in_rank, guard=ANSWERS.in_rank,
                          timeout=timeout)
     references, states = zip(*(value for value, _ in saved))
     try:

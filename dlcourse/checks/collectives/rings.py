@@ -24,11 +24,9 @@ import torch.distributed as dist
 
 import dlcourse
 from dlcourse.collectives import CommCounter
-from dlcourse.checks.core.answers import Answers
-from dlcourse.checks.core import (
-    CHECK_TIMEOUT_S, COLLECTIVES, ForbiddenCall, expect_callable, expect_tensor, fail,
-    run_on_ranks,
-)
+from dlcourse.checks.collectives.answers import ANSWERS
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, ForbiddenCall, expect_callable,
+                                  expect_tensor, fail, run_on_ranks)
 
 # float32 holds whole numbers exactly up to 2^24 and float64 up to 2^53: values below 2^20 and
 # 2^40 keep a sum of 4 ranks exact in its own dtype (so results must equal torch's bit for bit,
@@ -38,9 +36,6 @@ MAGNITUDE = {torch.float32: 2**20, torch.float64: 2**40}
 
 # Besides send and recv, a barrier moves no data; `forbid=COLLECTIVES` leaves it too.
 ALLOWED_OPS = ("send", "recv", "barrier")
-# the checks' own references refused in the rank (torch's and the course's rings: `forbid` and
-# the CommCounter's records)
-RING_KEYS = Answers(checks=("dlcourse.checks.collectives",))
 WHY_SEND_RECV = ("the exercise is the ring itself: build it from dist.isend, dist.irecv, "
                  "dist.send and dist.recv (or dist.batch_isend_irecv)")
 HANG_HINT = ("in a ring rank r sends only to (r + 1) % n and receives only from (r - 1) % n, "
@@ -99,7 +94,7 @@ def check_ring(fn, cases, *, exercise, reference, compare, hint, timeout=CHECK_T
         outcomes = run_on_ranks(fn, case.rank_args, harness=_sends_and_recvs_only,
                                 exercise=exercise, where=case.where, hint=hint,
                                 forbid=COLLECTIVES, why_forbidden=WHY_SEND_RECV,
-                                hang_hint=HANG_HINT, guard=RING_KEYS.in_rank, timeout=timeout)
+                                hang_hint=HANG_HINT, guard=ANSWERS.in_rank, timeout=timeout)
         if case.world_size not in expected:
             expected[case.world_size] = iter(_torch_results(reference, cases, case.world_size))
         want = next(expected[case.world_size])

@@ -10,7 +10,8 @@ import numbers
 
 import torch
 
-from dlcourse.checks.core import Answers, ForbiddenCall, call_in_process, fail, fresh_cases, kind
+from dlcourse.checks.collectives.answers import ANSWERS
+from dlcourse.checks.core import ForbiddenCall, call_in_process, fail, fresh_cases, kind
 from dlcourse.collectives import cost
 
 # ---------------------------------------------------------------- exercise 4: the time it takes
@@ -78,11 +79,10 @@ def _no_table():
         cost.ALGORITHMS.update(rows)
 
 
-# predict_time, its table and these checks' own functions (`core/answers.py`)
-TIME_ANSWERS = Answers(single=(("dlcourse.collectives", "predict_time"),),
-                       checks=("dlcourse.checks.collectives",),
-                       also=(_no_table,), why="it is the answer; work out the steps and bytes "
-                                              "yourself")
+# predict_time, its table and these checks' own functions (`answers.py`)
+TIME_ANSWERS = ANSWERS.but(single=(("dlcourse.collectives", "predict_time"),),
+                           also=(_no_table,),
+                           why="it is the answer; work out the steps and bytes yourself")
 
 
 def _time_hint(fn, got, expected, nbytes, n):

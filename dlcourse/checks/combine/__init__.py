@@ -13,7 +13,7 @@ the planner's arithmetic.
                                               graded by the runtime's own (`rules.py`)
 
 The grid checks are in `grid.py`, the model-state bytes and the planner's two in `plan.py`, the
-refusals in `refused.py`. Every check draws its cases afresh on each run (`core.fresh_cases`; a
+refusals in `answers.py`. Every check draws its cases afresh on each run (`core.fresh_cases`; a
 failure names the seed): grids of 2 to 16 ranks, 1 to 4 per axis, the axes in a random order, the
 first grid with all three axes above 1 in an order other than the default, so an answer right for
 one grid shape or one order fails. The references share no code with a solution: the grid is
@@ -24,9 +24,9 @@ at torch's dispatcher.
 """
 
 from dlcourse.checks.combine.grid import (check_rank_coords, check_axis_groups,
-                                            check_step_collectives)
+                                          check_step_collectives)
 from dlcourse.checks.combine.plan import (check_grid_state_bytes, check_cost_per_million_tokens,
-                                            check_best_layout)
+                                          check_best_layout)
 from dlcourse.checks.combine.pipeline import check_first_stage_activation_bytes
 from dlcourse.checks.combine.rules import RULE_NAMES, check_broken_rules
 

@@ -5,8 +5,8 @@ import math
 import numbers
 from collections.abc import Mapping
 
-from dlcourse.checks.combine.refused import COMBINING
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
+from dlcourse.checks.combine.answers import ANSWERS
 
 
 AXES = ("pp", "dp", "tp")
@@ -60,7 +60,7 @@ def check_rank_coords(rank_coords, *, rng):
         for rank, want in enumerate(expected):
             where = f"rank_coords({rank}, {sizes}, {order})"
             got = call_in_process(rank_coords, (rank, dict(sizes), order), exercise="rank_coords",
-                                  where=where, guard=COMBINING.in_process, hint=COORDS_HINT)
+                                  where=where, guard=ANSWERS.in_process, hint=COORDS_HINT)
             got = _as_axes(got, where, "a whole-number coordinate", COORDS_HINT)
             if got != want:
                 fail(where, None, f"returned {got}, expected {want} in the "
@@ -124,7 +124,7 @@ def _check_groups_case(axis_groups, sizes, order, axis):
     __tracebackhide__ = True
     where = f"axis_groups({sizes}, {order}, {axis!r})"
     got = call_in_process(axis_groups, (dict(sizes), order, axis), exercise="axis_groups",
-                          where=where, guard=COMBINING.in_process, hint=GROUPS_HINT)
+                          where=where, guard=ANSWERS.in_process, hint=GROUPS_HINT)
     want = reference_groups(sizes, order, axis)
     groups = _as_groups(got, where)
     if sorted(groups) == want:
@@ -208,7 +208,7 @@ def check_step_collectives(step_collectives, *, rng):
         where = ("step_collectives(dp={}, tp={}, pp={}, zero_stage={}, sequence_parallel={})"
                  .format(*args))
         got = call_in_process(step_collectives, args, exercise="step_collectives", where=where,
-                              guard=COMBINING.in_process, hint=COLLECTIVES_HINT)
+                              guard=ANSWERS.in_process, hint=COLLECTIVES_HINT)
         got = _as_op_sets(got, where)
         want = reference_collectives(*args)
         for axis in AXES:

@@ -9,7 +9,7 @@ rank's action list from lesson 06's `one_f_one_b` / `interleaved_1f1b`, each (vi
 micro-batch costing its layers' bytes. Lesson 06 measured that count equal, to the byte, to
 the activations a real run holds (SavedTensorLog on real ranks). It is computed before the
 student's function runs; while it runs, those functions and the planner are refused
-(`refused.py`). Cases are drawn afresh: p from 2 to 8, v = 1 (with fewer
+(`answers.py`). Cases are drawn afresh: p from 2 to 8, v = 1 (with fewer
 micro-batches than stages too) and v = 2, 3, 4, so that interleaving's factor at v = 1, a chunk
 counted as a whole stage, or m < p forgotten each fail with a hint that names it.
 """
@@ -17,8 +17,8 @@ counted as a whole stage, or m < p forgotten each fail with a hint that names it
 import math
 import numbers
 
-from dlcourse.checks.combine.refused import COMBINING
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
+from dlcourse.checks.combine.answers import ANSWERS
 from dlcourse.parallel.pipeline.measure import in_flight_peak
 from dlcourse.parallel.pipeline.schedules import interleaved_1f1b, one_f_one_b
 
@@ -58,7 +58,7 @@ def check_first_stage_activation_bytes(first_stage_activation_bytes, *, rng):
                  "v={})".format(*args))
         got = call_in_process(first_stage_activation_bytes, args,
                               exercise="first_stage_activation_bytes", where=where,
-                              guard=COMBINING.in_process, hint=HINT)
+                              guard=ANSWERS.in_process, hint=HINT)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             fail(where, None, f"returned {kind(got)}, expected a number of bytes", HINT)
         if not math.isclose(got, want, rel_tol=1e-9):  # the same count, in another order

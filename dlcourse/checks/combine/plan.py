@@ -12,14 +12,14 @@ share of the step, must be paid for), 16 to 4096 GPUs, prices, and three layouts
 that the cheapest does not fit, the fastest that fits is not the cheapest, the least compute is
 not the cheapest once its bubble is counted, one fits exactly at the budget, or none fits. The
 references are the arithmetic written out here; the planner (`dlcourse.planner`) is refused while
-the student's function runs, and lesson 01's `model_state_bytes` (`refused.py`).
+the student's function runs, and lesson 01's `model_state_bytes` (`answers.py`).
 """
 
 import math
 import numbers
 
-from dlcourse.checks.combine.refused import COMBINING
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
+from dlcourse.checks.combine.answers import ANSWERS
 
 SECONDS_PER_HOUR = 3600
 CASES = 8
@@ -56,7 +56,7 @@ def check_grid_state_bytes(grid_state_bytes, *, rng):
         where = ("grid_state_bytes(n_params={:,}, dp={}, tp={}, pp={}, zero_stage={}, "
                  "mixed_precision={})".format(*args))
         got = call_in_process(grid_state_bytes, args, exercise="grid_state_bytes", where=where,
-                              guard=COMBINING.in_process, hint=STATE_HINT)
+                              guard=ANSWERS.in_process, hint=STATE_HINT)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             fail(where, None, f"returned {kind(got)}, expected a number of bytes", STATE_HINT)
         want = reference_state_bytes(*args)
@@ -131,7 +131,7 @@ def check_cost_per_million_tokens(cost_per_million_tokens, *, rng):
         where = ("cost_per_million_tokens(compute_time_s={}, n_stages={}, n_micro={}, "
                  "tokens_per_step={:,}, n_gpus={}, price_per_gpu_hour={})".format(*args))
         got = call_in_process(cost_per_million_tokens, args, exercise="cost_per_million_tokens",
-                              where=where, guard=COMBINING.in_process, hint=COST_HINT)
+                              where=where, guard=ANSWERS.in_process, hint=COST_HINT)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             fail(where, None, f"returned {kind(got)}, expected a number of dollars", COST_HINT)
         want = reference_cost(*args)
@@ -267,7 +267,7 @@ def check_best_layout(best_layout, *, rng):
         where = (f"best_layout(three layouts, memory_budget={budget / 1e9:g} GB, "
                  f"price_per_gpu_hour={price}, tokens_per_step={tokens:,})")
         got = call_in_process(best_layout, ([dict(c) for c in cand], budget, price, tokens),
-                              exercise="best_layout", where=where, guard=COMBINING.in_process,
+                              exercise="best_layout", where=where, guard=ANSWERS.in_process,
                               hint=BEST_HINT)
         want = reference_best(cand, budget, price, tokens)
         if got != want:

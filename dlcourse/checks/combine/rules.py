@@ -8,15 +8,15 @@ broken_rules(model, grid, micro_batches) takes plain dicts, model {"n_layers", "
 returns the names (any iterable) of the rules in `RULE_NAMES` it breaks. The reference is the
 runtime's own rule book (`dlcourse.parallel.rules.RULES`, the rules every framework has), asked
 about a `RankGrid` of the same sizes; the rule book and the grid are refused while the student's
-function runs (`refused.py`). Cases are drawn afresh each run, and among them always: K/V heads
+function runs (`answers.py`). Cases are drawn afresh each run, and among them always: K/V heads
 fewer than tp ranks (replicated, not broken), stages of uneven layers without interleaving (not
 broken), a sequence that cp divides but 2 cp does not (broken), and a grid that breaks nothing.
 """
 
 from types import SimpleNamespace
 
-from dlcourse.checks.combine.refused import COMBINING
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
+from dlcourse.checks.combine.answers import ANSWERS
 from dlcourse.parallel.grid import RankGrid
 from dlcourse.parallel.rules import RULES, Run
 
@@ -78,7 +78,7 @@ def check_broken_rules(broken_rules, *, rng):
     for model, grid, m in cases:
         where = f"broken_rules({model}, {grid}, micro_batches={m})"
         got = call_in_process(broken_rules, (dict(model), dict(grid), m), exercise="broken_rules",
-                              where=where, guard=COMBINING.in_process, hint="")
+                              where=where, guard=ANSWERS.in_process, hint="")
         if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
             fail(where, None, f"returned {kind(got)}, expected the names of the broken rules",
                  "return a set or list of names from RULE_NAMES, empty when none is broken")

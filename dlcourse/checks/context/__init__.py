@@ -10,7 +10,7 @@ by hand.
 One module per exercise (`merge.py`, `zigzag.py`, `ring.py`, `ulysses.py`, `bytes.py`); the
 references are plain float64 attention and the layouts from their definitions (`reference.py`),
 the bytes from the lesson's `layer_formula` (called after the student's function), and what is
-refused while a student's code runs is in `refusals.py`: the lesson's `dlcourse.parallel.context`,
+refused while a student's code runs is in `answers.py`: the lesson's `dlcourse.parallel.context`,
 torch's `context_parallel` and its pieces, and these references. Cases are drawn afresh on each
 run (2 to 8 ranks, never 4 alone) and a failure names the seed (`seed=` draws them again).
 """

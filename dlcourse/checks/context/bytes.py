@@ -11,7 +11,7 @@ equal to the messages counted on real ranks), turned into bytes sent: a send who
 not at all (it is the other end of a send), an all-to-all, all-gather or reduce-scatter
 (cp - 1)/cp of its size (a ring's bus factor, `collectives.cost.bus_factor`, exact here in
 fractions). It is computed after the student's function returned; while it runs the lesson's
-package and this module are refused (`refusals.py`). Cases are drawn per run: every method,
+package and this module are refused (`answers.py`). Cases are drawn per run: every method,
 2 to 8 ranks (each method at least once not 4), batch, sequence and hidden size drawn.
 """
 
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import torch
 
-from dlcourse.checks.context.refusals import context_guard_for
+from dlcourse.checks.context.answers import ANSWERS
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
 from dlcourse.parallel.context.measure import layer_formula
 
@@ -72,7 +72,7 @@ def check_cp_bytes_per_layer(cp_bytes_per_layer, *, rng):
         where = ("cp_bytes_per_layer(method={!r}, cp={}, batch={}, seq_len={}, hidden={}, "
                  "itemsize={})".format(*case))
         got = call_in_process(cp_bytes_per_layer, case, exercise="cp_bytes_per_layer",
-                              where=where, guard=context_guard_for, hint=BYTES_HINT)
+                              where=where, guard=ANSWERS.in_process, hint=BYTES_HINT)
         _expect_bytes(_as_parts(got, where), case, where)
     print(f"cp_bytes_per_layer: passed on {len(cases)} cases drawn at random (every method, "
           f"{', '.join(sorted({str(c[1]) for c in cases}))} ranks). " + _summary())

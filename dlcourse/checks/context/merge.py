@@ -15,7 +15,7 @@ overflows (e^709 is float64's largest, e^88.7 float32's), and float32.
 import torch
 
 from dlcourse.checks.context.reference import attention
-from dlcourse.checks.context.refusals import context_guard_for
+from dlcourse.checks.context.answers import ANSWERS
 from dlcourse.checks.core import call_in_process, describe, expect_callable, fail, fresh_cases
 
 MERGE_HINT = ("the merged lse is log(exp(lse_1) + exp(lse_2)), computed without overflow "
@@ -78,7 +78,7 @@ def check_merge_partials(merge_partials, *, rng):
     for causal, dtype, scale, swap in cases:
         args, case, where = _problem(rng, causal, dtype, scale, swap)
         got = call_in_process(merge_partials, args, exercise="merge_partials", where=where,
-                              guard=context_guard_for, hint=MERGE_HINT)
+                              guard=ANSWERS.in_process, hint=MERGE_HINT)
         out, lse = _whole(*case)
         got_out, got_lse = _two_tensors(got, out, lse, where)
         rtol, atol = TOLERANCE[dtype]

@@ -1,6 +1,6 @@
 """The references of lesson 08's checks, written here apart from the lesson's library: plain
 single-process softmax attention in float64, the zig-zag layout from its definition, and the
-cases the checks draw. While a student's code runs these are refused too (`refusals.py`): a
+cases the checks draw. While a student's code runs these are refused too (`answers.py`): a
 check's reference is an answer key.
 """
 

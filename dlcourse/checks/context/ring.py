@@ -28,11 +28,10 @@ the check could only report as a hang.)
 import torch
 import torch.distributed as dist
 
-from dlcourse.checks.context.reference import (attention, contiguous, normal,
-                                                        world_sizes, zigzag)
-from dlcourse.checks.context.refusals import refuse_context
-from dlcourse.checks.context.ring_mistakes import (GROUP_RANKS, RING_HINT, explain,
-                                                            keys_seen, peers_explained)
+from dlcourse.checks.context.reference import attention, contiguous, normal, world_sizes, zigzag
+from dlcourse.checks.context.answers import ANSWERS
+from dlcourse.checks.context.ring_mistakes import (GROUP_RANKS, RING_HINT, explain, keys_seen,
+                                                   peers_explained)
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, describe, expect_callable, fail,
                                   fresh_cases, run_on_ranks)
 from dlcourse.collectives.counter import CommCounter
@@ -184,7 +183,7 @@ def _check_case(step_fn, rng, cp, layout, scale, prefixed, groups, timeout):
     outcomes = run_on_ranks(step_fn, rank_args,
                             exercise="ring_attention_step", where=where, hint=RING_HINT,
                             forbid=COLLECTIVES, why_forbidden=WHY_P2P, hang_hint=RING_HANG,
-                            harness=_ring_in_rank, guard=refuse_context, timeout=timeout)
+                            harness=_ring_in_rank, guard=ANSWERS.in_rank, timeout=timeout)
     for k, ranks in enumerate(members):
         qs, kvs, _, prefix = cases[k]
         steps = [_in_group(outcomes[g][0], ranks, where, g) for g in ranks]  # steps[r][j]

@@ -16,7 +16,7 @@ came from (head and position in the whole tensor).
 import torch
 
 from dlcourse.checks.context.reference import normal, world_sizes
-from dlcourse.checks.context.refusals import refuse_context
+from dlcourse.checks.context.answers import ANSWERS
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, describe, expect_callable, fail,
                                   fresh_cases, run_on_ranks)
 from dlcourse.collectives.counter import CommCounter
@@ -75,7 +75,7 @@ def _check_case(seq_to_heads, rng, cp, h, n, timeout):
                             where=where, hint=ULYSSES_HINT,
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
                             why_forbidden=WHY_ALL_TO_ALL, harness=_in_rank,
-                            guard=refuse_context, timeout=timeout, receives=[must] * cp)
+                            guard=ANSWERS.in_rank, timeout=timeout, receives=[must] * cp)
     for r, ((got, leaving), after) in enumerate(outcomes):
         if not torch.equal(after[0], shards[r]):
             fail(where, r, "changed x in place: the caller's tensor must keep its values",

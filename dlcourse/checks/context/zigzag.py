@@ -14,9 +14,8 @@ import numbers
 
 import torch
 
-from dlcourse.checks.context.reference import (causal_pairs, contiguous, world_sizes,
-                                                        zigzag)
-from dlcourse.checks.context.refusals import context_guard_for
+from dlcourse.checks.context.reference import causal_pairs, contiguous, world_sizes, zigzag
+from dlcourse.checks.context.answers import ANSWERS
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
 
 ZIGZAG_HINT = ("cut the sequence into 2·cp chunks of seq_len // (2·cp) tokens; rank r holds "
@@ -34,7 +33,7 @@ def check_zigzag_positions(zigzag_positions, *, rng):
         for rank in range(cp):
             where = f"zigzag_positions(rank={rank}, cp={cp}, seq_len={s})"
             got = call_in_process(zigzag_positions, (rank, cp, s), exercise="zigzag_positions",
-                                  where=where, guard=context_guard_for, hint=ZIGZAG_HINT)
+                                  where=where, guard=ANSWERS.in_process, hint=ZIGZAG_HINT)
             _expect_positions(_as_positions(got, where), rank, cp, s, where)
     cp, s = max(cases)
     work = [causal_pairs(contiguous(r, cp, s)) for r in range(cp)]

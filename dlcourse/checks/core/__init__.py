@@ -4,7 +4,7 @@ it runs, and fail with a message a student can act on. Lesson 00's checks
 (`dlcourse/checks/launch/`) are the worked example.
 
     ranks.py    run_on_ranks, call_in_process, Submitted (the student's code, where it runs)
-    cases.py    draw, @fresh_cases (cases drawn afresh on every run)
+    cases.py    @fresh_cases (cases drawn afresh on every run, the one way)
     expect.py   expect_tensor, fail, CheckFailed, ... (comparing, and the messages)
     refuse.py   the mechanisms: replaced, refusal, forbidden, no_store, none_named
     copies.py   a copy of a refused function made while the student's code runs, refused
@@ -72,7 +72,7 @@ The API:
 """
 
 from dlcourse.checks.core.answers import Answers, library_answers, refusing_answers  # noqa: F401
-from dlcourse.checks.core.cases import draw, fresh_cases  # noqa: F401
+from dlcourse.checks.core.cases import fresh_cases  # noqa: F401
 from dlcourse.checks.core.expect import (CheckFailed, describe, dtype_name,  # noqa: F401
                                          expect_callable, expect_none, expect_tensor,
                                          expect_unchanged, fail, kind, random_tensor)

@@ -1,9 +1,7 @@
-"""Cases drawn afresh on every run, one way for every check: a seed one of 2**31, too many to try
-them all within a check's time limit, printed with a failure so that `seed=` replays the run.
-
-- `draw(seed)`: (seed, rng) for a check that names its seed itself (lesson 04's, in each case).
-- `@fresh_cases`: a check written as `check(fn, ..., rng)` gets `seed=None` instead of `rng`,
-  built on `draw`, and a failure ends by naming the seed.
+"""Cases drawn afresh on every run, one way for every check: `@fresh_cases`. A check written as
+`check(fn, ..., rng)` gets `seed=None` instead of `rng`; the seed is one of 2**31, too many to try
+them all within a check's time limit, and a failure ends by naming it, so that `seed=` replays
+the run.
 """
 
 import functools
@@ -12,7 +10,7 @@ import random
 from dlcourse.checks.core.expect import CheckFailed
 
 
-def draw(seed=None):
+def _draw(seed=None):
     """(seed, rng) of this run's cases: `seed` replays a run, else a fresh one is drawn."""
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     return seed, random.Random(seed)
@@ -26,7 +24,7 @@ def fresh_cases(check):
     @functools.wraps(check)
     def run(fn, *args, seed=None, **kwargs):
         __tracebackhide__ = True
-        seed, rng = draw(seed)
+        seed, rng = _draw(seed)
         try:
             return check(fn, *args, rng=rng, **kwargs)
         except CheckFailed as error:

@@ -24,8 +24,7 @@ no all-reduce of a parameter's values, none before the last micro-batch, one per
 
 from dlcourse.checks.data.accumulate import check_accumulate_step
 from dlcourse.checks.data.buckets import check_all_reduce_buckets, check_make_buckets
-from dlcourse.checks.data.steps import (check_broadcast_parameters,
-                                                 check_data_parallel_step)
+from dlcourse.checks.data.steps import check_broadcast_parameters, check_data_parallel_step
 
 __all__ = ["check_broadcast_parameters", "check_data_parallel_step", "check_accumulate_step",
            "check_make_buckets", "check_all_reduce_buckets"]

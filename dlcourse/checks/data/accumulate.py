@@ -9,10 +9,10 @@ import torch.distributed as dist
 import dlcourse.parallel.data.compare as compare
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases,
                                   run_on_ranks)
-from dlcourse.checks.data.replicas import (DATA_PARALLEL, Watch, batch, build, combine,
-                                                    count, expect_weights, explain_step,
-                                                    gradient_at, loss_of, optimizer, shards,
-                                                    snapshot, whole_batch)
+from dlcourse.checks.data.answers import ANSWERS
+from dlcourse.checks.data.replicas import (Watch, batch, build, combine, count, expect_weights,
+                                           explain_step, gradient_at, loss_of, optimizer, shards,
+                                           snapshot, whole_batch)
 from dlcourse.checks.data.steps import LR, _sizes
 
 
@@ -59,7 +59,7 @@ def check_accumulate_step(accumulate_step, timeout=CHECK_TIMEOUT_S, *, rng):
 
 # The wrapper's machinery (the lesson's DataParallel, torch's DDP) runs inside the student's step:
 # only the lesson's train_step, and these checks' own functions, are refused there.
-TRAIN_STEP = DATA_PARALLEL.but(packages=(), torch=(),
+TRAIN_STEP = ANSWERS.but(packages=(), torch=(),
                                single=(("dlcourse.parallel.data.steps", "train_step"),))
 
 

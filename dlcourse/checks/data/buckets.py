@@ -19,14 +19,12 @@ import torch
 import torch.distributed as dist
 
 import dlcourse.parallel.data.buckets as library
-from dlcourse.checks.core import (
-    CHECK_TIMEOUT_S, call_in_process, describe, dtype_name, expect_callable, fail, fresh_cases,
-    kind, run_on_ranks,
-)
-from dlcourse.checks.data.replicas import (
-    DATA_PARALLEL, MODELS, TOLERANCE, Watch, batch, build, count, expect_gradients_reduced,
-    gradient_at, gradients, loss_of, shards, snapshot, worst_element,
-)
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, call_in_process, describe, dtype_name,
+                                  expect_callable, fail, fresh_cases, kind, run_on_ranks)
+from dlcourse.checks.data.answers import ANSWERS
+from dlcourse.checks.data.replicas import (MODELS, TOLERANCE, Watch, batch, build, count,
+                                           expect_gradients_reduced, gradient_at, gradients,
+                                           loss_of, shards, snapshot, worst_element)
 
 MB = 2**20  # bucket_cap_mb is in MiB, as in DDP
 
@@ -70,7 +68,7 @@ def check_make_buckets(make_buckets, *, rng):
         expected = [b.params for b in library.make_buckets(model, case.bucket_cap_mb)]
         got = call_in_process(make_buckets, (model, case.bucket_cap_mb), exercise="make_buckets",
                               where=where, hint=PLAN_HINT,
-                              guard=DATA_PARALLEL.in_process, answer=plan_by_name)
+                              guard=ANSWERS.in_process, answer=plan_by_name)
         _compare_plan(got, expected, model, cap, where)
     print(f"make_buckets: passed on {len(PLAN_CASES) + 1} cases (MLP, tied GPT, parameters without "
           "gradients; caps of 0, exactly full and one bucket; float32 and float64), equal to "
@@ -210,7 +208,7 @@ def _check_reduce_case(all_reduce_buckets, case, seed, timeout):
     outcomes = run_on_ranks(all_reduce_buckets, [(s,) for s in per_rank],
                             exercise="all_reduce_buckets", where=where, hint=REDUCE_HINT,
                             timeout=timeout, harness=partial(_reduce_in_rank, case),
-                            guard=DATA_PARALLEL.in_rank)
+                            guard=ANSWERS.in_rank)
     initial = snapshot(model)
     loss_of(case.model)(model(x), y).backward()
     expected = gradients(model)  # one process, the whole batch

@@ -6,8 +6,6 @@ The checks in `steps.py`, `accumulate.py` and `buckets.py` build on these pieces
   and losses, built the same from a seed in any process;
 - the reference: one process training the same model on the whole batch (`whole_batch`), and the
   gradient of any part of a batch at given weights (`gradient_at`);
-- `DATA_PARALLEL`: the lesson's answers, declared to the engine (`core/answers.py`): while the
-  student's code runs, `dlcourse.parallel.data`, torch's DDP and these checks' functions raise;
 - `Watch`: lesson 02's CommCounter, noting also which parameter's values a collective carried (a
   gradient's memory is not its parameter's) and each call of `loss_fn` in between;
 - `explain_step`: SGD moves a weight by lr x gradient, so (before - after) / lr is the gradient
@@ -20,7 +18,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dlcourse.collectives.counter import CommCounter, record_of
-from dlcourse.checks.core.answers import Answers
 from dlcourse.checks.core import fail
 from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, init_weights, lm_loss,
                              synthetic_regression, synthetic_tokens)
@@ -137,14 +134,6 @@ def combine(terms):
 
 
 # ---------------------------------------------------------------- running the student's code
-
-# The lesson's data-parallel code, torch's DDP and these checks' own references, declared to the
-# one engine (`core/answers.py`): refused while the student's code runs.
-DATA_PARALLEL = Answers(
-    packages=("dlcourse.parallel.data",),
-    torch=(("torch.nn.parallel", "DistributedDataParallel"),),
-    checks=("dlcourse.checks.data",))
-
 
 class Watch(CommCounter):
     """Lesson 02's CommCounter, noting for every collective which parameter's values it carried

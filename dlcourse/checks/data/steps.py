@@ -8,11 +8,11 @@ import torch.distributed as dist
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases,
                                   run_on_ranks)
-from dlcourse.checks.data.replicas import (MODELS, OPTIMIZERS, Watch, batch, build,
-                                                    combine, expect_gradients_reduced,
-                                                    expect_weights, explain_step, gradient_at,
-                                                    loss_of, optimizer, DATA_PARALLEL, shards,
-                                                    snapshot, whole_batch)
+from dlcourse.checks.data.answers import ANSWERS
+from dlcourse.checks.data.replicas import (MODELS, OPTIMIZERS, Watch, batch, build, combine,
+                                           expect_gradients_reduced, expect_weights, explain_step,
+                                           gradient_at, loss_of, optimizer, shards, snapshot,
+                                           whole_batch)
 
 LR = OPTIMIZERS["SGD"][1]
 
@@ -43,7 +43,7 @@ def check_broadcast_parameters(broadcast_parameters, timeout=CHECK_TIMEOUT_S, *,
         outcomes = run_on_ranks(broadcast_parameters, [()] * W, exercise="broadcast_parameters",
                                 where=where, hint=BROADCAST_HINT, timeout=timeout,
                                 harness=partial(_broadcast_in_rank, name, first),
-                                guard=DATA_PARALLEL.in_rank)
+                                guard=ANSWERS.in_rank)
         starts = [snapshot(build(name, seed=first + r)) for r in range(W)]
         for rank, (weights, _) in enumerate(outcomes):
             _expect_broadcast(weights, starts, rank, where)
@@ -122,7 +122,7 @@ def _check_step_case(data_parallel_step, case, seed, timeout):
     steps = [shards(b, case.shards) for b in batches]  # steps[k][r]: rank r's (x, y) in step k
     outcomes = run_on_ranks(data_parallel_step, [([s[r] for s in steps],) for r in range(W)],
                             exercise="data_parallel_step", where=where, hint=STEP_HINT,
-                            timeout=timeout, harness=partial(_step_in_rank, case), guard=DATA_PARALLEL.in_rank)
+                            timeout=timeout, harness=partial(_step_in_rank, case), guard=ANSWERS.in_rank)
     model = build(case.model)
     expected = whole_batch(model, optimizer(case.optimizer, model.parameters()), batches,
                            loss_of(case.model))

@@ -20,7 +20,7 @@ hand.
     runs.py       the traces: real 2-rank runs with a bug of the catalogue, a real 4-rank job
     divergence.py, hang.py, fix.py, naming.py, tied.py, flight.py   the six checks
     reference.py  the answers, from the lesson's own finders, after the student's function returns
-    refusal.py    what is refused while a student's code runs
+    answers.py    what is refused while a student's code runs
 
 Every check draws its cases afresh on each run and names the seed with a failure; `seed=`
 draws the same cases again.

@@ -19,7 +19,7 @@ size, float64 rounding's order: a correct strategy adds in another order (some m
 so the nudge makes sure an exact comparison is caught), and lesson 10's tolerance is there not
 to count that. The answer is the lesson's own
 comparison (`reference.first_gap`, on `compare_trace`), computed after the student's function
-has returned (and, for the nudges, before it, not kept where the student's code could read it); while it runs the lesson's tool is refused (`refusal.py`).
+has returned (and, for the nudges, before it, not kept where the student's code could read it); while it runs the lesson's tool is refused (`answers.py`).
 """
 
 import numbers
@@ -27,7 +27,7 @@ import numbers
 from dlcourse.checks.core import (CheckFailed, call_in_process, expect_callable, fail,
                                   fresh_cases, kind)
 from dlcourse.checks.debug.reference import first_gap
-from dlcourse.checks.debug.refusal import debugging_guard_for
+from dlcourse.checks.debug.answers import ANSWERS
 from dlcourse.checks.debug.runs import CORRECT, all_traces, traces_afresh
 from dlcourse.checks.core.stubs import not_written, stub_message
 from dlcourse.debug.compare import TOLERANCE
@@ -56,7 +56,7 @@ def check_first_divergence(first_divergence, *, rng):
                  + (f" with bug {bug!r}" if bug else " (correct)"))
         got = call_in_process(first_divergence, (_copy(reference), _copy(trace), TOLERANCE),
                               exercise="first_divergence", where=where,
-                              guard=debugging_guard_for, hint=HINT, answer=place_as_data)
+                              guard=ANSWERS.in_process, hint=HINT, answer=place_as_data)
         _expect_place(got, first_gap(reference, trace), reference, trace, where)
     print(f"first_divergence: passed on {len(cases)} runs drawn at random "
           f"({', '.join(b or 'a correct strategy' for _, b, _ in cases)}; 2 ranks, 2 steps, "

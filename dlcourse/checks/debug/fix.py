@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
-from dlcourse.checks.debug.refusal import refusing_debugging
+from dlcourse.checks.debug.answers import ANSWERS
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.debug.bugs import CATALOGUE
 from dlcourse.debug.capture import gradients_shown, intercept_step
@@ -90,11 +90,6 @@ def _fix_in_rank(student, world_size, seed):
     return _train(subject, cfg, x, y, fix=counted), partial, received, need
 
 
-def refuse_debugging():
-    """`run_on_ranks(guard=...)`: the lessons' answers refused in the rank."""
-    return refusing_debugging()
-
-
 @fresh_cases
 def check_sync_sequence_parallel_grads(sync_sequence_parallel_grads, timeout=CHECK_TIMEOUT_S,
                                        *, rng):
@@ -110,7 +105,7 @@ def check_sync_sequence_parallel_grads(sync_sequence_parallel_grads, timeout=CHE
         where = f"sync_sequence_parallel_grads on {world_size} ranks (TP + SP, weights seed {seed})"
         outcomes = run_on_ranks(sync_sequence_parallel_grads, [(world_size, seed)] * world_size,
                                 exercise="sync_sequence_parallel_grads", where=where, hint=HINT,
-                                harness=_fix_in_rank, guard=refuse_debugging,
+                                harness=_fix_in_rank, guard=ANSWERS.in_rank,
                                 timeout=timeout)
         for rank, ((got, partial, received, need), _) in enumerate(outcomes):
             _expect_messages(received, need, where, rank)

@@ -34,8 +34,14 @@ from dlcourse.checks.core import (CheckFailed, call_in_process, expect_callable,
                                   fresh_cases, kind)
 from dlcourse.checks.core.stubs import not_written, stub_message
 from dlcourse.checks.debug.reference import waited_on
-from dlcourse.checks.debug.refusal import FLIGHT_ANSWERS
+from dlcourse.checks.debug.answers import ANSWERS
 from dlcourse.debug.subjects import DebugConfig
+
+# The sixth exercise's answer more: torch's own analyser of flight-recorder dumps (fr_trace and
+# the modules that match the ranks' entries).
+FLIGHT_ANSWERS = ANSWERS.but(torch=("torch.distributed.flight_recorder.fr_trace",
+                                    "torch.distributed.flight_recorder.components.builder",
+                                    "torch.distributed.flight_recorder.components.utils"))
 
 WORLD_SIZE = 4
 STEPS = 2  # data-parallel steps a rank makes when its data does not run out

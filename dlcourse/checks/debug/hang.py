@@ -8,7 +8,7 @@ by `CommTrace`), each case broken on one rank drawn at random (rank 0 in one cas
 five ways: it skips a call, sends another size, makes another collective, makes one call more
 than the others (uneven data), or stops one call early. Every trace ends where its rank would
 wait. The answer is the lesson's own `find_hang`, read after the student's function has
-returned (`reference.odd_call`); while it runs the lesson's tool is refused (`refusal.py`).
+returned (`reference.odd_call`); while it runs the lesson's tool is refused (`answers.py`).
 """
 
 import copy
@@ -17,7 +17,7 @@ import numbers
 from dlcourse.checks.core import (CheckFailed, call_in_process, expect_callable, fail,
                                   fresh_cases, kind)
 from dlcourse.checks.debug.reference import odd_call
-from dlcourse.checks.debug.refusal import debugging_guard_for
+from dlcourse.checks.debug.answers import ANSWERS
 from dlcourse.checks.debug.runs import clean_calls
 from dlcourse.checks.core.stubs import not_written, stub_message
 
@@ -51,7 +51,7 @@ def check_mismatched_call(mismatched_call, *, rng):
                  f"{how})")
         got = call_in_process(mismatched_call, (copy.deepcopy(traces),),
                               exercise="mismatched_call", where=where,
-                              guard=debugging_guard_for, hint=HINT)
+                              guard=ANSWERS.in_process, hint=HINT)
         _expect_call(got, odd_call(copy.deepcopy(traces)), traces, where)  # found after it
     print(f"mismatched_call: passed on {len(kinds)} hangs drawn at random ({world_size} ranks; a "
           "rank that skips a call, sends another size, makes another collective, one call more "

@@ -17,7 +17,7 @@ multiple of it.
 The student's function runs on a rank of its own, sent the case only: the strategy, its
 candidate bugs, the tolerance and every rank's traces; not the key, the seed or the check's
 frames. While it runs the lesson's tool (`find_divergence`, `compare_trace`, the catalogue's
-`patch`) is refused (`refusal.py`). The answer is computed after it returned: the place by the
+`patch`) is refused (`answers.py`). The answer is computed after it returned: the place by the
 lesson's comparison (`reference.first_gap`, the earliest over the ranks), the bug by the draw.
 A key is read with its case and spaces forgiven: " DP grads-summed" is `dp_grads_summed`.
 """
@@ -31,7 +31,7 @@ from dlcourse.checks.core import (CheckFailed, expect_callable, fail, fresh_case
 from dlcourse.checks.core.stubs import not_written, stub_message
 from dlcourse.checks.debug.divergence import _expect_place, _read, place_as_data
 from dlcourse.checks.debug.reference import first_gap
-from dlcourse.checks.debug.refusal import refusing_debugging
+from dlcourse.checks.debug.answers import ANSWERS
 from dlcourse.checks.debug.runs import traces_on_rank
 from dlcourse.debug.compare import TOLERANCE
 from dlcourse.debug.divergence import PHASES, job
@@ -75,7 +75,7 @@ def check_name_the_bug(name_the_bug, timeout=RUNS_TIMEOUT_S, *, rng):
                     candidates=sorted(STRATEGIES[strategy]), traces=dict(enumerate(per_rank)))
         where = f"name_the_bug on a run of {strategy} with a bug of {case['candidates']}"
         [(got, _)] = run_on_ranks(name_the_bug, [(case,)], exercise="name_the_bug", where=where,
-                                  hint=HINT, guard=refusing_debugging, harness=_answer_as_data)
+                                  hint=HINT, guard=ANSWERS.in_rank, harness=_answer_as_data)
         _expect_answer(got, bug, case, where)
     print(f"name_the_bug: passed on {len(drawn)} runs with a bug drawn at random "
           f"({', '.join(b for _, b in drawn)}; weights and data drawn, 2 ranks, 2 steps, "

@@ -1,6 +1,6 @@
 """The answers lesson 10's checks grade with (`dlcourse/checks/debug/`), computed by the
 lesson's own finders after the student's function has returned, and refused while it runs
-(`refusal.py`).
+(`answers.py`).
 
     first_gap(reference, trace)   (step, phase, name) of the first tensor that differs, or None
     odd_call(traces)              (rank, call, op, nbytes) of the call that makes the hang

@@ -24,8 +24,8 @@ torch.distributed, so copies that swap gradients through a shared file fail.
 from unittest import mock
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
+from dlcourse.checks.debug.answers import ANSWERS
 from dlcourse.checks.debug.fix import _train
-from dlcourse.checks.debug.refusal import refusing_tied
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.debug.bugs import CATALOGUE
 from dlcourse.debug.compare import TOLERANCE
@@ -34,6 +34,11 @@ from dlcourse.debug.subjects import SUBJECTS, DebugConfig, grid_subject
 from dlcourse.models import GPTConfig
 from dlcourse.parallel.combine import GridPlan
 from dlcourse.parallel.grid import RankGrid
+
+# The fifth exercise's answer more: lesson 06's exchange of the tied embedding's gradients, and
+# the helper that finds its two copies (`dlcourse.parallel.pipeline.stages`).
+TIED_ANSWERS = ANSWERS.but(single=(("dlcourse.parallel.pipeline.stages", "sync_tied_grads"),
+                                   ("dlcourse.parallel.pipeline.stages", "tied_ends")))
 
 BUG = "pp_tied_embeddings_unsynced"
 STEPS = 2
@@ -109,7 +114,7 @@ def check_sync_tied_grads(sync_tied_grads, timeout=CHECK_TIMEOUT_S, *, rng):
         outcomes = run_on_ranks(sync_tied_grads, [(n_stages, seed, dp)] * (n_stages * dp),
                                 exercise="sync_tied_grads", where=where, hint=HINT,
                                 hang_hint=HANG_HINT, harness=_tied_in_rank,
-                                guard=refusing_tied, timeout=timeout)
+                                guard=TIED_ANSWERS.in_rank, timeout=timeout)
         for rank, ((got, received, need), _) in enumerate(outcomes):
             _expect_message(received, need, where, rank)
             _expect_run(got, want, where, rank)

@@ -15,7 +15,7 @@ expert parallelism by hand.
     bytes.py      the all-to-all bytes, against the lesson's formula
     permutation.py  the permutation by destination and its inverse, top-k combined by weight
     reference.py  the independent references (plain torch, float64)
-    refusal.py    what is refused while a student's code runs
+    answers.py    what is refused while a student's code runs
 
 Every check draws its cases afresh on each run and names the seed with a failure; `seed=`
 draws the same cases again.

@@ -23,7 +23,7 @@ import numbers
 from types import SimpleNamespace
 
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
-from dlcourse.checks.expert.refusal import experts_guard_for
+from dlcourse.checks.expert.answers import ANSWERS
 from dlcourse.parallel.expert.measure import all_to_all_formula
 
 BYTES_HINT = ("per pass, count each all-to-all that moves activation rows: how many rows this "
@@ -49,7 +49,7 @@ def check_a2a_bytes_per_layer(a2a_bytes_per_layer, *, rng):
     for case in cases:
         where = _where(case)
         got = call_in_process(a2a_bytes_per_layer, case, exercise="a2a_bytes_per_layer",
-                              where=where, guard=experts_guard_for, hint=BYTES_HINT)
+                              where=where, guard=ANSWERS.in_process, hint=BYTES_HINT)
         _expect_dict(got, where)
         answers.append(got)
     for case, got in zip(cases, answers):  # every case answered first: a hint must fit them all

@@ -12,7 +12,7 @@ import numbers
 
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
 from dlcourse.checks.expert.reference import layer_counts
-from dlcourse.checks.expert.refusal import experts_guard_for
+from dlcourse.checks.expert.answers import ANSWERS
 
 COUNT_HINT = ("a router Linear(h, E) without bias; each expert Linear(h, f) and Linear(f, h), "
               "with biases f and h when bias; total: the router and E experts, active: the "
@@ -36,7 +36,7 @@ def check_moe_layer_counts(moe_layer_counts, *, rng):
         where = (f"moe_layer_counts(hidden={h}, expert_hidden={f}, n_experts={E}, top_k={k}, "
                  f"bias={bias})")
         got = call_in_process(moe_layer_counts, case, exercise="moe_layer_counts", where=where,
-                              guard=experts_guard_for, hint=COUNT_HINT)
+                              guard=ANSWERS.in_process, hint=COUNT_HINT)
         _expect_counts(got, case, where)
     print(f"moe_layer_counts: passed on {len(cases)} cases drawn at random (E from "
           f"{min(c[2] for c in cases)} to {max(c[2] for c in cases)}, k from 1 to E, with and "

@@ -5,7 +5,7 @@
 Each rank is sent only its own rows and their experts (`run_on_ranks` hands rank r its arguments
 alone); the check draws 2, 3 and 4 ranks in a random order, 2 or 3 experts per rank, uneven
 routing with an idle expert in every case and, in one case, a rank whose experts get no row at
-all. While the student's code runs the lesson's answers are refused (`refusal.py`), and so are
+all. While the student's code runs the lesson's answers are refused (`answers.py`), and so are
 the collectives that are not an all-to-all; `CommCounter` counts the bytes each rank sends, which
 must be its own rows once and its counts, no more; and each rank must receive the other ranks'
 rows routed to its experts, counted by the kernel on its connections (`run_on_ranks(receives=)`).
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, expect_callable, fail,
                                   fresh_cases, kind, run_on_ranks)
 from dlcourse.checks.expert.reference import dispatched
-from dlcourse.checks.expert.refusal import refuse_experts
+from dlcourse.checks.expert.answers import ANSWERS
 from dlcourse.collectives.counter import CommCounter
 
 WHY_ALL_TO_ALL = ("the dispatch is an all-to-all: each rank sends each row to the one rank "
@@ -92,7 +92,7 @@ def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout):
                             exercise="dispatch_to_experts", where=where, hint=DISPATCH_HINT,
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
                             why_forbidden=WHY_ALL_TO_ALL, harness=_dispatch_in_rank,
-                            guard=refuse_experts, timeout=timeout,
+                            guard=ANSWERS.in_rank, timeout=timeout,
                             receives=_rows_from_others(xs, experts, n_experts))
     for r, ((got, sent), (x_after, e_after, _)) in enumerate(outcomes):
         if not (torch.equal(x_after, xs[r]) and torch.equal(e_after, experts[r])):

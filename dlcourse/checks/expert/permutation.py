@@ -13,7 +13,7 @@ a permutation that is never its own inverse (so applying it again is not undoing
 to 3 with weights that are not all equal. `unpermute` is given the reference's order, so each
 function is judged on its own. The references (`reference.py`) run after the student's function
 returned. Refused while it runs: the lesson's `permute`, `combine`, `sort_by_local_expert`,
-`inverse_permutation` and the rest of `EXPERTS` (`refusal.py`). torch 2.13 has no function that
+`inverse_permutation` and the rest of `ANSWERS` (`answers.py`). torch 2.13 has no function that
 does an MoE permutation for the student (its only one, symmetric memory's `all_to_all_vdev_2d`,
 is a CUDA NVSHMEM dispatch): `argsort(stable=True)`, `sort`, scatter, `index_add` are the tools
 the exercise expects, and allowed.
@@ -23,7 +23,7 @@ import torch
 
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
 from dlcourse.checks.expert.reference import by_destination, unpermuted
-from dlcourse.checks.expert.refusal import experts_guard_for
+from dlcourse.checks.expert.answers import ANSWERS
 
 PERMUTE_HINT = ("flatten the (N, k) experts (assignment n·k + j is token n's j-th choice) and "
                 "argsort them with stable=True: each expert's assignments keep their order")
@@ -97,7 +97,7 @@ def _check_permute(permute_by_destination, experts, E, idle):
              + (f"; expert {idle[0]} chosen by no token)" if idle else ")"))
     got = call_in_process(permute_by_destination, (experts.clone(), E),
                           exercise="permute_by_destination", where=where,
-                          guard=experts_guard_for, hint=_idle_hint(idle) or PERMUTE_HINT)
+                          guard=ANSWERS.in_process, hint=_idle_hint(idle) or PERMUTE_HINT)
     order, want = _as_tensor(got), by_destination(experts, E)
     if order is None or order.shape != want.shape or order.is_floating_point() \
             or order.dtype == torch.bool:
@@ -140,7 +140,7 @@ def _check_unpermute(unpermute, y, order, weights):
     (N, k), h = weights.shape, y.size(1)
     where = f"unpermute(y ({N * k}, {h}) float64, order ({N * k},), weights ({N}, {k}) float64)"
     got = call_in_process(unpermute, (y.clone(), order.clone(), weights.clone()),
-                          exercise="unpermute", where=where, guard=experts_guard_for,
+                          exercise="unpermute", where=where, guard=ANSWERS.in_process,
                           hint=UNPERMUTE_HINT)
     out = got.detach() if isinstance(got, torch.Tensor) else _as_tensor(got, torch.float64)
     want = unpermuted(y, order, weights)

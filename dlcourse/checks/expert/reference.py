@@ -1,7 +1,7 @@
 """The references lesson 09's checks compare with (`dlcourse/checks/expert/`), written apart from
 the lesson's code (`dlcourse/moe.py`, `dlcourse/parallel/expert/`): plain single-process torch in
 float64, token by token where that is clearer than fast. They are refused while a student's code
-runs (`refusal.py`), like the lesson's own answers.
+runs (`answers.py`), like the lesson's own answers.
 
     routed(logits, k, capacity)          experts (N, k), weights (N, k), keep (N, k)
     switch_loss(logits, k)               E · Σ_e f_e · P_e and its gradient w.r.t. the logits

@@ -15,7 +15,7 @@ import torch
 
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
 from dlcourse.checks.expert.reference import routed, switch_loss
-from dlcourse.checks.expert.refusal import experts_guard_for
+from dlcourse.checks.expert.answers import ANSWERS
 
 # float64 softmax, a sum of k values and one division: rounding ~1e-16 relative; 1e-12 leaves
 # room for another order of the same operations (a softmax over the k chosen logits instead)
@@ -63,7 +63,7 @@ def check_route_with_capacity(route_with_capacity, *, rng):
         where = f"route_with_capacity(logits ({N}, {E}) float64, k={k}, capacity={cap})"
         got = call_in_process(route_with_capacity, (logits.clone(), k, cap),
                               exercise="route_with_capacity", where=where,
-                              guard=experts_guard_for, hint=ROUTE_HINT)
+                              guard=ANSWERS.in_process, hint=ROUTE_HINT)
         _expect_routed(got, logits, k, cap, where)
     drops = sum(int((~routed(lg, k, c)[2]).sum()) for lg, k, c in cases)
     print(f"route_with_capacity: passed on {len(cases)} cases drawn at random (E from "
@@ -207,7 +207,7 @@ def check_load_balance_loss(load_balance_loss, *, rng):
                  f" k={k})")
         leaf = logits.clone().requires_grad_()
         got = call_in_process(load_balance_loss, (leaf, k), exercise="load_balance_loss",
-                              where=where, guard=experts_guard_for, hint=AUX_HINT,
+                              where=where, guard=ANSWERS.in_process, hint=AUX_HINT,
                               answer=_loss_and_grad)
         _expect_loss(got, logits, k, uniform, where)
     sizes = [c[0].size(1) for c in cases]

@@ -1,6 +1,4 @@
-"""Hint levels of lesson 00's exercises (`exercises/00_launch.ipynb`), by
-exercise id: the first is the stub's nudge, the last a plan in words, never the code.
-`dlcourse.checks.hints.hint(exercise)` shows them one level at a time."""
+"""The hint levels of exercises/00_launch.ipynb, by exercise id."""
 
 HINTS = {
     "gather_all": (

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from dlcourse.checks.core.answers import Answers
+from dlcourse.checks.memory.answers import ANSWERS
 from dlcourse.checks.core import call_in_process, fail, fresh_cases, refusal
 from dlcourse.memory import (MemoryParts, SavedTensorLog, count_params, estimate_gpt_step,
                              gpt_saved_tensors, measure_step, model_state_bytes, param_shapes,
@@ -23,9 +23,8 @@ def _answer(fn, args, *, exercise, where, forbidden=(), why=""):
     refused while it runs (`core/answers.py`); any error it raises becomes a CheckFailed that names
     the case."""
     __tracebackhide__ = True
-    answers = Answers(single=tuple(("dlcourse.memory", f.__name__) for f in forbidden),
-                      checks=("dlcourse.checks.memory",),
-                      also=(functools.partial(_no_modules, why),), why=why)
+    answers = ANSWERS.but(single=tuple(("dlcourse.memory", f.__name__) for f in forbidden),
+                          also=(functools.partial(_no_modules, why),), why=why)
     return call_in_process(fn, args, exercise=exercise, where=where, guard=answers.in_process)
 
 

@@ -7,7 +7,8 @@ import torch.distributed as dist
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, call_in_process, describe,
                                   expect_callable, fail, fresh_cases, kind, run_on_ranks)
-from dlcourse.checks.pipeline.stages import PIPELINE, join, stage_counts
+from dlcourse.checks.pipeline.answers import ANSWERS
+from dlcourse.checks.pipeline.stages import join, stage_counts
 from dlcourse.collectives.counter import CommCounter
 
 
@@ -15,7 +16,7 @@ from dlcourse.collectives.counter import CommCounter
 def _in_process(fn, args, exercise, where):
     __tracebackhide__ = True
     return call_in_process(fn, args, exercise=exercise, where=where,
-                           guard=PIPELINE.in_process)
+                           guard=ANSWERS.in_process)
 
 
 # ---------------------------------------------------------------- exercise 1: stage boundaries
@@ -175,7 +176,7 @@ def _check_exchange_case(exchange, p, rng, timeout):
     outcomes = run_on_ranks(exchange, [(c,) for c in calls], exercise="exchange", where=where,
                             hint=EXCHANGE_HINT, forbid=COLLECTIVES, why_forbidden=WHY_P2P,
                             hang_hint=EXCHANGE_HANG, harness=_exchange_in_rank,
-                            guard=PIPELINE.in_rank, timeout=timeout)
+                            guard=ANSWERS.in_rank, timeout=timeout)
     for r, (results, _) in enumerate(outcomes):
         for (q, own), (got, after, moved) in zip(calls[r], results):
             if not torch.equal(after, own):

@@ -1,6 +1,4 @@
-"""Hint levels of lesson 06's exercises (`exercises/06_pipeline.ipynb`), by
-exercise id: the first is the stub's nudge, the last a plan in words, never the code.
-`dlcourse.checks.hints.hint(exercise)` shows them one level at a time."""
+"""The hint levels of exercises/06_pipeline.ipynb, by exercise id."""
 
 HINTS = {
     "stage_boundaries": (

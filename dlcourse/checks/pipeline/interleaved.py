@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, kind,
                                   run_on_ranks)
-from dlcourse.checks.pipeline.stages import PIPELINE
+from dlcourse.checks.pipeline.answers import ANSWERS
 from dlcourse.parallel.pipeline.measure import bubble_fraction, in_flight_peak, simulate
 from dlcourse.parallel.pipeline.schedules import Action
 
@@ -69,7 +69,7 @@ def check_schedule_interleaved(schedule_interleaved, timeout=RUN_TIMEOUT_S, *, r
         where = f"schedule_interleaved with n_stages = {p}, n_micro = {m}, v = {v}"
         outcomes = run_on_ranks(schedule_interleaved, [(m, v)] * p,
                                 exercise="schedule_interleaved", where=where, hint=ORDER_HINT,
-                                harness=_in_rank, guard=PIPELINE.in_rank, timeout=timeout)
+                                harness=_in_rank, guard=ANSWERS.in_rank, timeout=timeout)
         expect_interleaved([value for value, _ in outcomes], p, m, v, where)
     print(f"schedule_interleaved: passed on {len(cases)} cases drawn at random ("
           + "; ".join(f"p = {p}, m = {m}, v = {v}" for p, m, v in cases)

@@ -8,9 +8,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from dlcourse.checks.core import describe, expect_callable, fail, fresh_cases, kind, run_on_ranks
+from dlcourse.checks.pipeline.answers import ANSWERS
 from dlcourse.checks.pipeline.schedules import RUN_TIMEOUT_S, _chain, one_f_one_b
-from dlcourse.checks.pipeline.stages import (PIPELINE, expect_stage_grads, join, run_actions,
-                                             whole_batch)
+from dlcourse.checks.pipeline.stages import expect_stage_grads, join, run_actions, whole_batch
 
 
 # ---------------------------------------------------------------- exercise 3: the loss, scaled
@@ -34,7 +34,7 @@ def check_last_stage_backward(last_stage_backward, timeout=RUN_TIMEOUT_S, *, rng
                  "F.mse_loss")
         outcomes = run_on_ranks(last_stage_backward, [(chain, m, b)] * p,
                                 exercise="last_stage_backward", where=where, hint=LOSS_HINT,
-                                harness=_loss_in_rank, guard=PIPELINE.in_rank,
+                                harness=_loss_in_rank, guard=ANSWERS.in_rank,
                                 timeout=timeout)
         _expect_loss_case(outcomes, chain, m, b, where)
     print(f"last_stage_backward: passed on {len(ps)} cases drawn at random ({join(ps)} stages, "

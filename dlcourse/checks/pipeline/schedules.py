@@ -18,8 +18,9 @@ import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, kind,
                                   run_on_ranks)
-from dlcourse.checks.pipeline.stages import (Chain, expect_stage_grads, join, PIPELINE,
-                                    run_actions, whole_batch)
+from dlcourse.checks.pipeline.answers import ANSWERS
+from dlcourse.checks.pipeline.stages import (Chain, expect_stage_grads, join, run_actions,
+                                             whole_batch)
 
 
 # ---------------------------------------------------------------- schedules as data
@@ -174,7 +175,7 @@ def _check_schedule_case(schedule_1f1b, chain, m, micro_size, timeout):
     where = f"schedule_1f1b with n_stages = {p}, n_micro = {m}"
     outcomes = run_on_ranks(schedule_1f1b, [(chain, m, micro_size)] * p,
                             exercise="schedule_1f1b", where=where, hint=SCHEDULE_HINT,
-                            harness=_schedule_in_rank, guard=PIPELINE.in_rank, timeout=timeout)
+                            harness=_schedule_in_rank, guard=ANSWERS.in_rank, timeout=timeout)
     expected = whole_batch(chain, chain.batch(m, micro_size))
     for rank, (result, _) in enumerate(outcomes):
         if result["problem"]:

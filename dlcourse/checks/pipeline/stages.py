@@ -8,9 +8,6 @@ share.
   `recv`, each message tagged with its micro-batch, so any order that
   `schedules.schedule_problem` passes runs.
 - `stage_counts`: the numbers of stages a check draws, never p = 4 alone.
-- `PIPELINE`: the lesson's answers, declared to the engine (`core/answers.py`): while the student's
-  code runs, every public function and class of `dlcourse.parallel.pipeline`, everything torch's
-  schedules define and the functions of these check modules raise ForbiddenCall.
 """
 
 from dataclasses import dataclass
@@ -19,7 +16,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dlcourse.checks.core.answers import Answers
 from dlcourse.checks.core import fail
 
 
@@ -175,14 +171,3 @@ def _sendable(grad, like):
         return grad.detach().to(torch.float64).contiguous()
     return torch.full(like.shape, float("nan"), dtype=torch.float64)
 
-
-# ---------------------------------------------------------------- refusing the answers
-
-# The course's pipeline package, everything torch's schedules define, and the checks' own
-# references and simulators (`one_f_one_b`, `_simulated_bubble`, ...).
-PIPELINE = Answers(
-    packages=("dlcourse.parallel.pipeline",),
-    torch=("torch.distributed.pipelining.schedules",
-           "torch.distributed.pipelining._schedule_visualizer"),
-    checks=("dlcourse.checks.pipeline",),
-    why="it computes the answer to this exercise; write it yourself")

@@ -13,9 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, draw, expect_callable, expect_tensor, fail,
-                                  kind, random_tensor, run_on_ranks)
-from dlcourse.checks.tensor.refused import TENSOR, draw_tp_sizes, wide_seed
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
+                                  fresh_cases, kind, random_tensor, run_on_ranks)
+from dlcourse.checks.tensor.answers import ANSWERS
+from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.models import CausalSelfAttention, GPTConfig
 
@@ -44,14 +45,14 @@ QKV_HINT = ("the weight is [W_q; W_k; W_v], each (h, h), its rows head after hea
             "rank's three blocks, [q_r; k_r; v_r]; the same for the bias")
 
 
-def check_qkv_shard(qkv_shard, seed=None, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_qkv_shard(qkv_shard, timeout=CHECK_TIMEOUT_S, *, rng):
     """qkv_shard(qkv, group): qkv the attention's fused nn.Linear(h, 3h) -> (weight, bias) of
     this rank, the rows [q_r; k_r; v_r] of its heads r a/t .. (r+1) a/t - 1: (3h/t, h) and
     (3h/t,), or None for the bias of a layer without one. Run as attention heads on each rank,
     summed over the ranks by the output projection, it must equal the plain attention."""
     __tracebackhide__ = True
     expect_callable(qkv_shard, "qkv_shard")
-    seed, rng = draw(seed)
     for i, tp in enumerate(draw_tp_sizes(rng)):
         n_heads, head_dim = tp * rng.randint(1, 2), rng.randint(1, 3)
         config = GPTConfig(vocab_size=8, seq_len=rng.randint(2, 5), n_layers=1, n_heads=n_heads,
@@ -60,15 +61,15 @@ def check_qkv_shard(qkv_shard, seed=None, timeout=CHECK_TIMEOUT_S):
         attn = CausalSelfAttention(config).to(torch.float64)
         x = torch.randn(rng.randint(1, 2), config.seq_len, config.hidden, dtype=torch.float64)
         where = (f"qkv_shard on {tp} ranks, {n_heads} heads of {head_dim} (h = {config.hidden}), "
-                 f"{'with' if config.bias else 'no'} bias, seed {seed}")
+                 f"{'with' if config.bias else 'no'} bias")
         outcomes = run_on_ranks(qkv_shard, [(attn, x)] * tp, exercise="qkv_shard", where=where,
-                                hint=QKV_HINT, harness=_qkv_in_rank, guard=TENSOR.in_rank,
+                                hint=QKV_HINT, harness=_qkv_in_rank, guard=ANSWERS.in_rank,
                                 timeout=timeout)
         shards = [got for got, _ in outcomes]
         for rank, got in enumerate(shards):
             _expect_shard(got, attn.qkv, tp, rank, where)
         _expect_attention(attn, shards, x, tp, where)
-    print(f"qkv_shard: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; 1 or 2 heads "
+    print("qkv_shard: passed on 3 cases drawn afresh (2, 3 and 4 ranks; 1 or 2 heads "
           "a rank; with and without bias): every rank's heads, summed, equal the course GPT's "
           "attention")
 
@@ -161,8 +162,9 @@ LOSS_HINT = ("take m, the max of the logits over the whole vocabulary (all-reduc
              "(MegatronG.apply); loss = mean(log(sum) - target's (logit - m))")
 
 
-def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, seed=None,
-                                       timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, timeout=CHECK_TIMEOUT_S, *,
+                                       rng):
     """vocab_parallel_cross_entropy(logits, targets, group): logits (N, V/t), this rank's
     vocabulary ids r V/t .. (r+1) V/t - 1; targets (N,) ids in 0..V-1 -> the mean cross-entropy,
     the same on every rank, differentiable: backward gives each rank its logits' gradient.
@@ -171,7 +173,6 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, seed=None,
     __tracebackhide__ = True
     name = "vocab_parallel_cross_entropy"
     expect_callable(vocab_parallel_cross_entropy, name)
-    seed, rng = draw(seed)
     for i, tp in enumerate(draw_tp_sizes(rng)):
         n, per_rank = rng.randint(3, 12), rng.randint(8, 12)
         logits = 3 * random_tensor((n, tp * per_rank), torch.float64, wide_seed(rng))
@@ -179,19 +180,19 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, seed=None,
             logits[::2] += 750.0  # exp(750) overflows float64: the max must come off first
         targets = torch.tensor([rng.randrange(tp * per_rank) for _ in range(n)])
         where = (f"{name} on {tp} ranks, {n} tokens, vocabulary {tp * per_rank} ({per_rank} a "
-                 f"rank){', logits near 750' if i == 0 else ''}, seed {seed}")
+                 f"rank){', logits near 750' if i == 0 else ''}")
         whole = logits.clone().requires_grad_()
         loss = F.cross_entropy(whole, targets)  # one process, the whole logits
         loss.backward()
         outcomes = run_on_ranks(vocab_parallel_cross_entropy,  # rank r: its (N, V/t) only
                                 [(mine.clone(), targets) for mine in logits.chunk(tp, dim=-1)],
                                 exercise=name, where=where, hint=LOSS_HINT,
-                                harness=_loss_in_rank, guard=TENSOR.in_rank,
+                                harness=_loss_in_rank, guard=ANSWERS.in_rank,
                                 timeout=timeout)
         for rank, (got, _) in enumerate(outcomes):
             _expect_loss(got, loss.detach(), whole.grad.chunk(tp, dim=-1)[rank],
                          logits.chunk(tp, dim=-1)[rank], targets, tp, rank, where)
-    print(f"{name}: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; logits near 750 "
+    print(f"{name}: passed on 3 cases drawn afresh (2, 3 and 4 ranks; logits near 750 "
           "included): the loss and every rank's gradient equal F.cross_entropy's, no logits "
           "gathered")
 

@@ -5,9 +5,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, draw, expect_callable, expect_tensor,
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fresh_cases,
                                   random_tensor, run_on_ranks)
-from dlcourse.checks.tensor.refused import TENSOR, draw_tp_sizes, wide_seed
+from dlcourse.checks.tensor.answers import ANSWERS
+from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
 
 
 # float64 rounding: an output element is a dot product of at most 16 terms of size ~1, which one
@@ -36,17 +37,17 @@ def _linear(rng, tp, bias, split):
     return linear, random_tensor((*lead, n_in), torch.float64, wide_seed(rng))
 
 
-def _where(exercise, tp, linear, x, seed):
+def _where(exercise, tp, linear, x):
     bias = "with bias" if linear.bias is not None else "no bias"
     return (f"{exercise} on {tp} ranks, nn.Linear({linear.in_features}, {linear.out_features}, "
-            f"{bias}), x of shape {tuple(x.shape)}, seed {seed}")
+            f"{bias}), x of shape {tuple(x.shape)}")
 
 
 def _run(fn, exercise, where, hint, harness, rank_args, timeout):
     """The harness's value on every rank; rank r is sent `rank_args[r]`, its shard only."""
     return [value for value, _ in run_on_ranks(
         fn, rank_args, exercise=exercise, where=where, hint=hint, harness=harness,
-        guard=TENSOR.in_rank, timeout=timeout)]
+        guard=ANSWERS.in_rank, timeout=timeout)]
 
 
 def _shards(tensor, tp, dim):
@@ -65,15 +66,15 @@ COLUMN_HINT = ("y_r = x @ weight.T + bias is this rank's out/t output features; 
                "torch.cat them along the last dim, in rank order")
 
 
-def check_column_parallel_linear(column_parallel_linear, seed=None, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_column_parallel_linear(column_parallel_linear, timeout=CHECK_TIMEOUT_S, *, rng):
     """column_parallel_linear(x, weight, bias, group): x (..., in) whole on every rank, weight
     this rank's rows (out/t, in) of W, bias its (out/t,) of b or None -> the whole (..., out)."""
     __tracebackhide__ = True
     expect_callable(column_parallel_linear, "column_parallel_linear")
-    seed, rng = draw(seed)
     for i, tp in enumerate(draw_tp_sizes(rng)):
         linear, x = _linear(rng, tp, bias=i != 1, split="out")
-        where = _where("column_parallel_linear", tp, linear, x, seed)
+        where = _where("column_parallel_linear", tp, linear, x)
         expected = linear(x).detach()
         rows, bias = _shards(linear.weight.detach(), tp, 0), _shards(_bias(linear), tp, 0)
         got = _run(column_parallel_linear, "column_parallel_linear", where, COLUMN_HINT,
@@ -81,7 +82,7 @@ def check_column_parallel_linear(column_parallel_linear, seed=None, timeout=CHEC
         for rank, y in enumerate(got):
             expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
                           hint=_column_hint(y, expected, linear, x, tp), **TOL)
-    print(f"column_parallel_linear: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; "
+    print("column_parallel_linear: passed on 3 cases drawn afresh (2, 3 and 4 ranks; "
           "with and without bias; 1 and 2 leading dims), equal to nn.Linear on every rank")
 
 
@@ -117,15 +118,15 @@ ROW_HINT = ("take this rank's slice of x's last dim (x.chunk(t, dim=-1)[rank]), 
             "bias once")
 
 
-def check_row_parallel_linear(row_parallel_linear, seed=None, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_row_parallel_linear(row_parallel_linear, timeout=CHECK_TIMEOUT_S, *, rng):
     """row_parallel_linear(x, weight, bias, group): x (..., in) whole on every rank, weight this
     rank's columns (out, in/t) of W, bias the whole (out,) b or None -> the whole (..., out)."""
     __tracebackhide__ = True
     expect_callable(row_parallel_linear, "row_parallel_linear")
-    seed, rng = draw(seed)
     for i, tp in enumerate(draw_tp_sizes(rng)):
         linear, x = _linear(rng, tp, bias=i != 2, split="in")
-        where = _where("row_parallel_linear", tp, linear, x, seed)
+        where = _where("row_parallel_linear", tp, linear, x)
         expected = linear(x).detach()
         columns = _shards(linear.weight.detach(), tp, 1)
         got = _run(row_parallel_linear, "row_parallel_linear", where, ROW_HINT, _row_in_rank,
@@ -133,7 +134,7 @@ def check_row_parallel_linear(row_parallel_linear, seed=None, timeout=CHECK_TIME
         for rank, y in enumerate(got):
             expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
                           hint=_row_hint(y, expected, linear, x, tp, rank), **TOL)
-    print(f"row_parallel_linear: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; "
+    print("row_parallel_linear: passed on 3 cases drawn afresh (2, 3 and 4 ranks; "
           "with and without bias), equal to nn.Linear on every rank, the bias added once")
 
 

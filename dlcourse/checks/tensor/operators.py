@@ -4,11 +4,11 @@ forward and backward against one process's nn.Linear (the set's guide is `__init
 import torch
 import torch.distributed as dist
 
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, Submitted, draw, expect_callable,
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, fresh_cases, Submitted, expect_callable,
                                   expect_tensor, fail, kind, random_tensor)
-from dlcourse.checks.tensor.linear import (TOL, TOLERANCE, _close, _detached, _linear,
-                                                    _run, _shards, _where)
-from dlcourse.checks.tensor.refused import draw_tp_sizes, wide_seed
+from dlcourse.checks.tensor.linear import (TOL, TOLERANCE, _close, _detached, _linear, _run,
+                                           _shards, _where)
+from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
 
 
 # ---------------------------------------------------------------- exercises 3 and 4: f and g
@@ -26,31 +26,32 @@ IN_PLACE_HINT = ("dist.all_reduce writes its result into the tensor it is given;
                  "backward), so g must not overwrite it: all-reduce a copy and return that")
 
 
-def check_f(f_function, seed=None, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_f(f_function, timeout=CHECK_TIMEOUT_S, *, rng):
     """f_function: an autograd Function, `f_function.apply(x, group)`: x on the way into a
     column-parallel layer; forward the identity, backward the all-reduce of the gradient."""
     __tracebackhide__ = True
-    _check_function(f_function, "f", seed, timeout)
+    _check_function(f_function, "f", rng, timeout)
 
 
-def check_g(g_function, seed=None, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_g(g_function, timeout=CHECK_TIMEOUT_S, *, rng):
     """g_function: an autograd Function, `g_function.apply(x, group)`: the partial outputs of a
     row-parallel layer; forward their all-reduce, backward the identity."""
     __tracebackhide__ = True
-    _check_function(g_function, "g", seed, timeout)
+    _check_function(g_function, "g", rng, timeout)
 
 
-def _check_function(fn, name, seed, timeout):
+def _check_function(fn, name, rng, timeout):
     __tracebackhide__ = True
     expect_callable(fn, name)
     if not isinstance(fn, Submitted) and not _is_function_class(fn):  # a submission: on the rank
         fail(name, None, _not_a_function_class(fn))
-    seed, rng = draw(seed)
     for tp in draw_tp_sizes(rng):
         split = "out" if name == "f" else "in"  # f enters a column layer, g leaves a row layer
         linear, x = _linear(rng, tp, bias=False, split=split)
         upstream = random_tensor(linear(x).shape, torch.float64, wide_seed(rng))
-        where = _where(name, tp, linear, x, seed)
+        where = _where(name, tp, linear, x)
         xr = x.clone().requires_grad_()
         (linear(xr) * upstream).sum().backward()  # one process: the whole layer's gradients
         harness, rank_args = ((_f_in_rank, _f_shards(x, linear, upstream, tp)) if name == "f"
@@ -62,7 +63,7 @@ def _check_function(fn, name, seed, timeout):
                                                       where, *changed)
     what = ("the identity forward, x's gradient summed over the ranks backward" if name == "f"
             else "the sum of the partial outputs forward, the gradient unchanged backward")
-    print(f"{name}: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks): {what}")
+    print(f"{name}: passed on 3 cases drawn afresh (2, 3 and 4 ranks): {what}")
 
 
 def _is_function_class(fn):

@@ -14,7 +14,7 @@ against one process running LayerNorm, Linear, gelu, Linear on the whole (B, T, 
 sent its tokens, its rows or columns of the weights and its tokens' upstream gradient only. The
 collectives are counted by kind and bytes (`CommCounter`): the pair makes, in forward and again
 in backward, one all-gather and one reduce-scatter of the whole (B, T, h), nothing else; the
-LayerNorm's gradients take one all-reduce of its 2h numbers. `refused.TENSOR` is refused while
+LayerNorm's gradients take one all-reduce of its 2h numbers. `answers.ANSWERS` is refused while
 the student's code runs (exercise 8's block runs the lesson's pair before that).
 """
 
@@ -27,9 +27,10 @@ from dlcourse import pickling
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, CheckFailed, StudentCode, Submitted,
                                   expect_callable, expect_tensor, fail, kind, random_tensor,
                                   run_on_ranks)
-from dlcourse.checks.core.cases import draw
+from dlcourse.checks.core.cases import fresh_cases
 from dlcourse.checks.core.stubs import not_written, stub_message
-from dlcourse.checks.tensor.refused import TENSOR, draw_tp_sizes, wide_seed
+from dlcourse.checks.tensor.answers import ANSWERS
+from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.parallel.tensor.comm import gather_sequence, reduce_scatter_sequence
 
@@ -49,7 +50,8 @@ SYNC_HINT = ("each rank's LayerNorm saw only its own tokens: all-reduce (sum) th
 # ---------------------------------------------------------------- the block and its reference
 
 
-SEQUENCE = TENSOR.but(allow=TENSOR.allow + ("_shape_checked", "_block"))  # the harness's, in guard
+# the harness's functions, which the guard calls back
+SEQUENCE = ANSWERS.but(allow=ANSWERS.allow + ("_shape_checked", "_block"))
 
 
 def draw_block(rng, tp):
@@ -109,8 +111,9 @@ def _records(comm):
 # ---------------------------------------------------------------- exercise 7: the pair
 
 
-def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, seed=None,
-                            timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, timeout=CHECK_TIMEOUT_S, *,
+                            rng):
     """GatherSequence and ReduceScatterSequence, autograd Functions used as `.apply(x, group)`,
     around a column- and a row-parallel layer on t real ranks: y, x's and the weights' gradients
     equal one process's, with one all-gather and one reduce-scatter each way."""
@@ -128,11 +131,10 @@ def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, seed=None,
     other = StudentCode(reduce_scatter_sequence.payload
                         if isinstance(reduce_scatter_sequence, Submitted)
                         else pickling.dumps(reduce_scatter_sequence), guard=SEQUENCE.in_rank)
-    seed, rng = draw(seed)
     for tp in draw_tp_sizes(rng):
         x, ln, a, b, upstream = draw_block(rng, tp)
         where = (f"sequence parallelism on {tp} ranks, x {tuple(x.shape)} cut along dim 1, "
-                 f"Linear({a.in_features}, {a.out_features}), seed {seed}")
+                 f"Linear({a.in_features}, {a.out_features})")
         outcomes = run_on_ranks(gather_sequence, [(*r, other) for r in
                                                   rank_args(x, ln, a, b, upstream, tp)],
                                 exercise="GatherSequence", where=where, hint=PAIR_HINT,
@@ -140,7 +142,7 @@ def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, seed=None,
         y, x_grad, grads = reference(x, ln, a, b, upstream)
         for rank, (got, _) in enumerate(outcomes):
             _expect_pair(got, rank, tp, y, x_grad, grads, x, where)
-    print(f"GatherSequence, ReduceScatterSequence: passed on 3 cases drawn with seed {seed} "
+    print("GatherSequence, ReduceScatterSequence: passed on 3 cases drawn afresh "
           "(2, 3 and 4 ranks): every rank's tokens of y, of x's gradient and its weights' "
           "gradients equal one process's; forward and backward each one all-gather and one "
           "reduce-scatter of the whole (B, T, h)")
@@ -238,24 +240,24 @@ def _expect_collectives(records, whole, phase, rank, where):
 # ---------------------------------------------------------------- exercise 8: LayerNorm grads
 
 
-def check_layernorm_grads(sync_layernorm_grads, seed=None, timeout=CHECK_TIMEOUT_S):
+@fresh_cases
+def check_layernorm_grads(sync_layernorm_grads, timeout=CHECK_TIMEOUT_S, *, rng):
     """sync_layernorm_grads(layernorm, group), called after backward on every rank of the
     sequence-parallel block: each rank's LayerNorm .grad must then be the whole sequence's, with
     one all-reduce of its 2h numbers."""
     __tracebackhide__ = True
     expect_callable(sync_layernorm_grads, "sync_layernorm_grads")
-    seed, rng = draw(seed)
     for tp in draw_tp_sizes(rng):
         x, ln, a, b, upstream = draw_block(rng, tp)
         where = (f"sync_layernorm_grads on {tp} ranks, LayerNorm({x.shape[-1]}), x "
-                 f"{tuple(x.shape)} cut along dim 1, seed {seed}")
+                 f"{tuple(x.shape)} cut along dim 1")
         outcomes = run_on_ranks(sync_layernorm_grads, rank_args(x, ln, a, b, upstream, tp),
                                 exercise="sync_layernorm_grads", where=where, hint=SYNC_HINT,
                                 harness=_sync_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
         _, _, grads = reference(x, ln, a, b, upstream)
         for rank, (got, _) in enumerate(outcomes):
             _expect_synced(got, rank, tp, grads, ln, where)
-    print(f"sync_layernorm_grads: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks): "
+    print("sync_layernorm_grads: passed on 3 cases drawn afresh (2, 3 and 4 ranks): "
           "every rank's LayerNorm gradients equal one process's on the whole sequence, one "
           "all-reduce of 2h numbers")
 

@@ -6,7 +6,7 @@
     check_zero_bytes_per_rank(zero_bytes_per_rank)   model-state bytes per rank, padding included
 
 The step is in `steps.py`, the stage-3 unit in `units.py`, how cases are drawn and the
-models in `cases.py`, what is refused in `refused.py`. Every check draws its cases
+models in `cases.py`, what is refused in `answers.py`. Every check draws its cases
 afresh on each run (world sizes 2 to 4, parameter shapes, models, batches, dtypes) from a seed
 that a failure names (`core.fresh_cases`); `check_x(fn, seed=S)` replays a run. Every run holds
 a case where N does not divide Ψ, so an answer right only for a multiple of N fails.

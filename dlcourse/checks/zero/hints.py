@@ -1,6 +1,4 @@
-"""Hint levels of lesson 05's exercises (`exercises/05_zero.ipynb`), by
-exercise id: the first is the stub's nudge, the last a plan in words, never the code.
-`dlcourse.checks.hints.hint(exercise)` shows them one level at a time."""
+"""The hint levels of exercises/05_zero.ipynb, by exercise id."""
 
 HINTS = {
     "shard_of": (

@@ -11,8 +11,8 @@ import torch.nn as nn
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, call_in_process, dtype_name, expect_callable,
                                   expect_tensor, expect_unchanged, fail, fresh_cases, kind,
                                   random_tensor, run_on_ranks)
+from dlcourse.checks.zero.answers import ANSWERS
 from dlcourse.checks.zero.cases import draw_world_sizes, padded_shard, uneven
-from dlcourse.checks.zero.refused import ZERO
 from dlcourse.memory import model_state_bytes, storage_bytes
 
 
@@ -58,7 +58,7 @@ def _check_shard_case(shard_of, world_size, shapes, dtype, data_seed, timeout):
     where = (f"shard_of on {world_size} ranks, {dtype_name(dtype)} parameters of shapes "
              f"{', '.join(map(str, shapes))} (Ψ = {psi}, s = {s})")
     outcomes = run_on_ranks(shard_of, [(params,)] * world_size, exercise="shard_of", where=where,
-                            hint=SHARD_HINT, harness=_shard_in_rank, guard=ZERO.in_rank,
+                            hint=SHARD_HINT, harness=_shard_in_rank, guard=ANSWERS.in_rank,
                             timeout=timeout)
     for rank, ((got, after), _) in enumerate(outcomes):
         for i, (before, p) in enumerate(zip(params, after)):
@@ -140,7 +140,7 @@ def check_zero_bytes_per_rank(zero_bytes_per_rank, *, rng):
 
 
 # the library's answers and lesson 01's formula refused
-BYTES_ANSWERS = ZERO.but(single=(("dlcourse.memory", "model_state_bytes"),))
+BYTES_ANSWERS = ANSWERS.but(single=(("dlcourse.memory", "model_state_bytes"),))
 
 
 def _check_bytes_case(fn, n_params, world_size, stage, mixed):

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases, run_on_ranks)
 from dlcourse.checks.data.replicas import expect_weights, shards, snapshot, whole_batch
+from dlcourse.checks.zero.answers import ANSWERS
 from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_model,
                                         draw_world_sizes, flat_of, gradient, loss_fn,
                                         padded_shard, uneven)
-from dlcourse.checks.zero.refused import ZERO
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.memory import storage_bytes
 
@@ -72,7 +72,7 @@ def _check_step_case(zero_step, spec, world_size, per_rank, data_seed, timeout):
              f"{W * s - psi} padding), {per_rank} samples per rank")
     outcomes = run_on_ranks(zero_step, [([st[r] for st in steps],) for r in range(W)],
                             exercise="zero_step", where=where, hint=STEP_HINT, timeout=timeout,
-                            harness=partial(_step_in_rank, spec), guard=ZERO.in_rank,
+                            harness=partial(_step_in_rank, spec), guard=ANSWERS.in_rank,
                             forbid=("all_reduce", "all_reduce_coalesced"),
                             why_forbidden="stage 1 needs only this rank's shard of the average: "
                                           "reduce-scatter it")

@@ -20,10 +20,10 @@ import torch.nn as nn
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases, run_on_ranks)
 from dlcourse.checks.data.replicas import shards, snapshot
+from dlcourse.checks.zero.answers import ANSWERS
 from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_model,
                                         draw_world_sizes, flat_of, gradient, loss_fn,
                                         padded_shard, uneven)
-from dlcourse.checks.zero.refused import ZERO
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.memory import storage_bytes
 
@@ -76,7 +76,7 @@ def _check_unit_case(gather_and_free, spec, world_size, data_seed, timeout):
     outcomes = run_on_ranks(gather_and_free, [([m[r] for m in micro],) for r in range(W)],
                             exercise="gather_and_free", where=where, hint=UNIT_HINT,
                             timeout=timeout, harness=partial(_unit_in_rank, spec),
-                            guard=ZERO.in_rank)
+                            guard=ANSWERS.in_rank)
     full_bytes = W * s * _itemsize(spec)  # `full`: N shards of s elements
     for rank, (records, _) in enumerate(outcomes):
         for k, record in enumerate(records, 1):

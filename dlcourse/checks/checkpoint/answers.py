@@ -10,7 +10,7 @@ these checks' own code. The run the first exercise saves (`checkpoint.run`: `Tra
 
 from dlcourse.checks.core.answers import Answers
 
-CHECKPOINTS = Answers(
+ANSWERS = Answers(
     packages=("dlcourse.checkpoint.resume", "dlcourse.checkpoint.files",
               "dlcourse.checkpoint.sharded", "dlcourse.checkpoint.boxes",
               "dlcourse.checkpoint.reshard", "dlcourse.checkpoint.failures",
@@ -19,13 +19,3 @@ CHECKPOINTS = Answers(
     torch=("torch.distributed.checkpoint.state_dict_saver",
            "torch.distributed.checkpoint.state_dict_loader"),
     checks=("dlcourse.checks.checkpoint",))
-
-
-def refusing_checkpoints():
-    """`run_on_ranks(guard=...)`: the answers refused in the rank."""
-    return CHECKPOINTS.refusing()
-
-
-def checkpoints_guard_for(fn):
-    """`call_in_process(guard=...)`: the answers refused, the student's globals included."""
-    return CHECKPOINTS.in_process(fn)

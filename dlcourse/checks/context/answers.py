@@ -25,21 +25,5 @@ TORCH_ANSWERS = (("torch.distributed.tensor.experimental", "context_parallel"),)
     (f"{_CP}._load_balancer", name) for name in (
         "_HeadTailLoadBalancer", "_PerDocumentHeadTailLoadBalancer", "_PTRRLoadBalancer"))
 
-CONTEXT = Answers(packages=("dlcourse.parallel.context",), torch=TORCH_ANSWERS,
+ANSWERS = Answers(packages=("dlcourse.parallel.context",), torch=TORCH_ANSWERS,
                   checks=("dlcourse.checks.context",), private=True)
-
-
-def refusing_context(namespaces=()):
-    """While active, every answer raises ForbiddenCall however it is reached; yields the
-    `Refused` that finds copies of a refused function."""
-    return CONTEXT.refusing(namespaces)
-
-
-def refuse_context():
-    """`run_on_ranks(guard=refuse_context)`: the answers refused in the rank."""
-    return CONTEXT.in_rank()
-
-
-def context_guard_for(fn):
-    """`call_in_process(guard=...)`: the answers refused, the student's globals included."""
-    return CONTEXT.in_process(fn)

@@ -13,7 +13,7 @@ references (`reference_bytes`, ...). Each is refused however it is reached.
 
 from dlcourse.checks.core.answers import Answers
 
-COMBINING = Answers(
+ANSWERS = Answers(
     packages=("dlcourse.parallel.grid", "dlcourse.parallel.rules", "dlcourse.parallel.combine",
               "dlcourse.planner",
               "dlcourse.parallel.pipeline.measure", "dlcourse.parallel.pipeline.schedules"),

@@ -7,23 +7,8 @@ counts a `MoEConfig`), and these checks' own code (the references in `reference.
 
 from dlcourse.checks.core.answers import Answers
 
-EXPERTS = Answers(
+ANSWERS = Answers(
     packages=("dlcourse.moe", "dlcourse.moe_experts", "dlcourse.parallel.expert"),
     single=(("dlcourse.models", "MoEGPT"), ("dlcourse.memory.accounting", "count_params"),
             ("dlcourse.memory.accounting", "param_shapes")),
     checks=("dlcourse.checks.expert",), keep_classes=True)
-
-
-def refusing_experts(namespaces=()):
-    """While active, every answer raises ForbiddenCall however it is reached."""
-    return EXPERTS.refusing(namespaces)
-
-
-def refuse_experts():
-    """`run_on_ranks(guard=refuse_experts)`: the answers refused in the rank."""
-    return EXPERTS.in_rank()
-
-
-def experts_guard_for(fn):
-    """`call_in_process(guard=...)`: the answers refused, the student's globals included."""
-    return EXPERTS.in_process(fn)

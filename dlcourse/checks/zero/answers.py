@@ -11,7 +11,7 @@ from dlcourse.checks.core.answers import Answers
 
 # The lesson's ZeRO code, torch's (ZeroRedundancyOptimizer, stage 1; FSDP2's fully_shard and
 # FullyShardedDataParallel, stage 3) and the checks' own references (`padded_shard`, ...).
-ZERO = Answers(
+ANSWERS = Answers(
     packages=("dlcourse.parallel.zero",),
     torch=(("torch.distributed.optim", "ZeroRedundancyOptimizer"),
            ("torch.distributed.fsdp", "fully_shard"),

@@ -1,0 +1,10 @@
+"""What lesson 01's checks refuse while a student's code runs, declared once to the checks'
+engine (`dlcourse/checks/core/answers.py`): these checks' own functions (the references). Each
+exercise adds the lesson's formula that is its answer (`dlcourse.memory`'s `model_state_bytes`,
+...) and refuses building a module, so a formula cannot be measured off a real model
+(`formulas.py`).
+"""
+
+from dlcourse.checks.core.answers import Answers
+
+ANSWERS = Answers(checks=("dlcourse.checks.memory",))
