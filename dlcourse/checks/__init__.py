@@ -3,8 +3,8 @@ with the lesson's one name in the index (`dlcourse.lessons`: `solutions/03_data_
 -> `dlcourse/checks/data/`, whose `__init__` exports its `check_*`; a test holds the mapping).
 The core runs the student's function on real ranks, compares it with an independent reference,
 refuses the lesson's answers (one engine that every set declares its answers to) and fails with
-a message a student can act on. The grading engine (`dlcourse.grading`) runs notebooks and never imports these, save the
-core's `verdict`; the library never imports them either.
+a message a student can act on. The grading engine (`dlcourse.grading`) runs notebooks and
+never imports these, save the core's `verdict`; the library never imports them either.
 
 Every set has one shape: `__init__.py` exports its `check_*`; `answers.py` declares `ANSWERS`,
 what the set refuses while a student's code runs (an exercise that refuses more or less says so
@@ -14,7 +14,8 @@ the check modules, and the references they share.
     core/             run_on_ranks, call_in_process, Submitted (ranks.py); @fresh_cases, the one
                       way to draw cases (cases.py); expect_tensor, fail (expect.py); Answers,
                       the one engine that refuses an answer however it is reached (answers.py,
-                      refuse.py, copies.py, audit.py); stubs.py; verdict.py (a submission
+                      refuse.py, audit.py; communication.py: collectives and the c10d store
+                      an exercise forbids); stubs.py; verdict.py (a submission
                       checked apart)
     launch/           lesson 00, the worked example
     memory/           lesson 01: formulas.py

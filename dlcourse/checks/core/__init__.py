@@ -6,8 +6,11 @@ it runs, and fail with a message a student can act on. Lesson 00's checks
     ranks.py    run_on_ranks, call_in_process, Submitted (the student's code, where it runs)
     cases.py    @fresh_cases (cases drawn afresh on every run, the one way)
     expect.py   expect_tensor, fail, CheckFailed, ... (comparing, and the messages)
-    refuse.py   the mechanisms: replaced, refusal, forbidden, no_store, none_named
-    copies.py   a copy of a refused function made while the student's code runs, refused
+    refuse.py   an answer refused however it is reached: replaced, refusal, and its copies
+                (copies_in, made before; copies_refused, made while the student's code runs),
+                both found by one walker, functions_reached
+    communication.py  what a rank may not talk through: forbidden collectives, the c10d
+                store (no_store); none_named
     audit.py    an audit hook that keeps those refusals on (no ctypes, no setprofile)
     answers.py  the one engine an exercise set declares its answers to: Answers
     stubs.py    a function not written yet
@@ -48,7 +51,7 @@ The API:
   The same collectives are refused at torch's dispatcher too, so a `ProcessGroup` method or a
   functional collective is caught ("called all_reduce (through the process group), ..."); a
   torch function that calls a forbidden one inside (all_gather_object calls all_gather) is
-  refused with it (`refuse.py`).
+  refused with it (`communication.py`).
 - `expect_tensor(got, expected, where=, rank=, atol=0, rtol=0, tolerance="", hint="")`: type,
   shape, dtype, then values; names the first differing element and how many differ. Exact unless
   a tolerance is given; `tolerance` says where it comes from and is printed with a mismatch.
@@ -73,10 +76,10 @@ The API:
 
 from dlcourse.checks.core.answers import Answers, library_answers, refusing_answers  # noqa: F401
 from dlcourse.checks.core.cases import fresh_cases  # noqa: F401
-from dlcourse.checks.core.expect import (CheckFailed, describe, dtype_name,  # noqa: F401
+from dlcourse.checks.core.expect import (CheckFailed, as_tensor, describe, dtype_name,  # noqa: F401
                                          expect_callable, expect_none, expect_tensor,
                                          expect_unchanged, fail, kind, random_tensor)
 from dlcourse.checks.core.ranks import (CHECK_TIMEOUT_S, COLLECTIVES, StudentCode,  # noqa: F401
                                         Submitted, call_in_process, run_on_ranks)
-from dlcourse.checks.core.refuse import (ForbiddenCall, Refused, forbidden, no_store,  # noqa: F401
-                                         none_named, refusal, replaced)
+from dlcourse.checks.core.communication import forbidden, no_store, none_named  # noqa: F401
+from dlcourse.checks.core.refuse import ForbiddenCall, Refused, refusal, replaced  # noqa: F401

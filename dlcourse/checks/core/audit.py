@@ -1,6 +1,6 @@
 """An audit hook that keeps the refusals on while a student's code runs (issue 36).
 
-`copies.copies_refused` refuses a copy of a refused function through a profile hook, and a
+`refuse.copies_refused` refuses a copy of a refused function through a profile hook, and a
 profile hook can be switched off: `sys.setprofile(None)`, `cProfile`, or `ctypes` calling
 `PyEval_SetProfile` or writing the interpreter's memory. An audit hook (PEP 578,
 `sys.addaudithook`) cannot be removed once added, and Python raises an audit event before each
@@ -13,7 +13,7 @@ function, or its unpickling, is running), this hook refuses:
 - making a function of a refused original's very code object, or giving it to a function (an
   original found through `gc`); exec'ing code that is, or holds, a copy of one under the same
   qualified name (the library file's text compiled and exec'd). A function rebuilt from code
-  equal to an original's is left to `copies.py`: the student's own one-line method may be
+  equal to an original's is left to `refuse.py`: the student's own one-line method may be
   written as the lesson wrote it.
 What decides is the call stack, which the student's code cannot pop, and the hook's own
 defaults, which it refuses to let anyone change; it reads no global and no builtin.

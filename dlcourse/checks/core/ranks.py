@@ -12,8 +12,8 @@ import torch
 from dlcourse import pickling, returned
 from dlcourse.checks.core.audit import student_runs
 from dlcourse.checks.core.expect import CheckFailed, expect_callable
-from dlcourse.checks.core.copies import copies_refused
-from dlcourse.checks.core.refuse import ForbiddenCall, Refused, forbidden, no_store, none_named
+from dlcourse.checks.core.communication import forbidden, no_store, none_named
+from dlcourse.checks.core.refuse import ForbiddenCall, Refused, copies_refused
 from dlcourse.checks.core.stubs import (NotWritten, is_stub_text, not_written, stub_message,
                                        stub_raising)
 from dlcourse.errors import RankError, RankTimeout
