@@ -90,6 +90,15 @@ def kind(value):
     return describe(value) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
 
 
+def as_tensor(value, dtype=None):
+    """What a student returned, as a tensor (`torch.as_tensor`: a list, or a tensor in `dtype`),
+    or None when it is none, for the check to say what it got instead."""
+    try:
+        return torch.as_tensor(value, dtype=dtype)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
 def dtype_name(dtype):
     """'float32' for torch.float32."""
     return str(dtype).removeprefix("torch.")

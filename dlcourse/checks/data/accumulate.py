@@ -7,12 +7,11 @@ from functools import partial
 import torch.distributed as dist
 
 import dlcourse.parallel.data.compare as compare
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases,
-                                  run_on_ranks)
+from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases
 from dlcourse.checks.data.answers import ANSWERS
-from dlcourse.checks.data.replicas import (Watch, batch, build, combine, count, expect_weights,
-                                           explain_step, gradient_at, loss_of, optimizer, shards,
-                                           snapshot, whole_batch)
+from dlcourse.checks.data.replicas import (batch, build, combine, count, expect_weights,
+                                           explain_step, gradient_at, loss_of, optimizer, run_steps,
+                                           shards, snapshot, Watch, whole_batch)
 from dlcourse.checks.data.steps import LR, _sizes
 
 
@@ -72,10 +71,9 @@ def _check_accumulate_case(accumulate_step, case, seed, timeout):
     micro = [[shards(s, sizes) for s in shards(b, [per_rank] * W)] for b in batches]
     where = (f"accumulate_step on {W} ranks, {case.model} in {case.wrapper}, micro-batches of "
              f"{_sizes(sizes)} samples on each rank")
-    outcomes = run_on_ranks(accumulate_step, [([m[r] for m in micro],) for r in range(W)],
-                            exercise="accumulate_step", where=where, hint=ACCUMULATE_HINT,
-                            timeout=timeout, harness=partial(_accumulate_in_rank, case),
-                            guard=TRAIN_STEP.in_rank)
+    outcomes = run_steps(accumulate_step, micro, exercise="accumulate_step", where=where,
+                         hint=ACCUMULATE_HINT, timeout=timeout,
+                         harness=partial(_accumulate_in_rank, case), guard=TRAIN_STEP.in_rank)
     model = build(case.model)
     expected = whole_batch(model, optimizer("SGD", model.parameters()), batches,
                            loss_of(case.model))

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dlcourse.collectives.counter import CommCounter, record_of
-from dlcourse.checks.core import fail
+from dlcourse.checks.core import fail, run_on_ranks
 from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, init_weights, lm_loss,
                              synthetic_regression, synthetic_tokens)
 
@@ -78,6 +78,12 @@ def loss_of(name):
 def shards(samples, sizes):
     """[(x, y)] of each rank: the next sizes[r] samples of (x, y)."""
     return list(zip(*(t.split(list(sizes)) for t in samples)))
+
+
+def run_steps(fn, steps, **run):
+    """`run_on_ranks(fn, ..., **run)` on len(steps[0]) ranks, rank r sent ([its part of step 1,
+    of step 2, ...],) from steps[k][r]: its own shards only, never the whole batch."""
+    return run_on_ranks(fn, [([step[r] for step in steps],) for r in range(len(steps[0]))], **run)
 
 
 def snapshot(model):

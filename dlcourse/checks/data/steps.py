@@ -9,10 +9,10 @@ import torch.distributed as dist
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases,
                                   run_on_ranks)
 from dlcourse.checks.data.answers import ANSWERS
-from dlcourse.checks.data.replicas import (MODELS, OPTIMIZERS, Watch, batch, build, combine,
+from dlcourse.checks.data.replicas import (MODELS, OPTIMIZERS, batch, build, combine,
                                            expect_gradients_reduced, expect_weights, explain_step,
-                                           gradient_at, loss_of, optimizer, shards, snapshot,
-                                           whole_batch)
+                                           gradient_at, loss_of, optimizer, run_steps, shards,
+                                           snapshot, Watch, whole_batch)
 
 LR = OPTIMIZERS["SGD"][1]
 
@@ -120,9 +120,9 @@ def _check_step_case(data_parallel_step, case, seed, timeout):
     where = (f"data_parallel_step on {W} ranks, {case.model}, {n} samples in shards of "
              f"{_sizes(case.shards)}, {case.optimizer}")
     steps = [shards(b, case.shards) for b in batches]  # steps[k][r]: rank r's (x, y) in step k
-    outcomes = run_on_ranks(data_parallel_step, [([s[r] for s in steps],) for r in range(W)],
-                            exercise="data_parallel_step", where=where, hint=STEP_HINT,
-                            timeout=timeout, harness=partial(_step_in_rank, case), guard=ANSWERS.in_rank)
+    outcomes = run_steps(data_parallel_step, steps, exercise="data_parallel_step", where=where,
+                         hint=STEP_HINT, timeout=timeout, harness=partial(_step_in_rank, case),
+                         guard=ANSWERS.in_rank)
     model = build(case.model)
     expected = whole_batch(model, optimizer(case.optimizer, model.parameters()), batches,
                            loss_of(case.model))

@@ -21,7 +21,8 @@ the exercise expects, and allowed.
 
 import torch
 
-from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
+from dlcourse.checks.core import (as_tensor, call_in_process, expect_callable, fail, fresh_cases,
+                                  kind)
 from dlcourse.checks.expert.reference import by_destination, unpermuted
 from dlcourse.checks.expert.answers import ANSWERS
 
@@ -83,13 +84,6 @@ def check_permutation(permute_by_destination, unpermute, *, rng):
           "outputs mixed by weight")
 
 
-def _as_tensor(value, dtype=None):
-    try:
-        return torch.as_tensor(value, dtype=dtype)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
 def _check_permute(permute_by_destination, experts, E, idle):
     __tracebackhide__ = True
     N, k = experts.shape
@@ -98,7 +92,7 @@ def _check_permute(permute_by_destination, experts, E, idle):
     got = call_in_process(permute_by_destination, (experts.clone(), E),
                           exercise="permute_by_destination", where=where,
                           guard=ANSWERS.in_process, hint=_idle_hint(idle) or PERMUTE_HINT)
-    order, want = _as_tensor(got), by_destination(experts, E)
+    order, want = as_tensor(got), by_destination(experts, E)
     if order is None or order.shape != want.shape or order.is_floating_point() \
             or order.dtype == torch.bool:
         fail(where, None, f"returned {kind(got) if order is None else kind(order)}, expected "
@@ -142,7 +136,7 @@ def _check_unpermute(unpermute, y, order, weights):
     got = call_in_process(unpermute, (y.clone(), order.clone(), weights.clone()),
                           exercise="unpermute", where=where, guard=ANSWERS.in_process,
                           hint=UNPERMUTE_HINT)
-    out = got.detach() if isinstance(got, torch.Tensor) else _as_tensor(got, torch.float64)
+    out = got.detach() if isinstance(got, torch.Tensor) else as_tensor(got, torch.float64)
     want = unpermuted(y, order, weights)
     if out is None or out.shape != want.shape:
         what = "nothing tensor-like" if out is None else f"shape {tuple(out.shape)}"

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
+from dlcourse.checks.core import (as_tensor, call_in_process, expect_callable, fail, fresh_cases,
+                                  kind)
 from dlcourse.checks.expert.reference import routed, switch_loss
 from dlcourse.checks.expert.answers import ANSWERS
 
@@ -72,13 +73,6 @@ def check_route_with_capacity(route_with_capacity, *, rng):
           "assignments dropped in all): experts, renormalised weights and the capacity queue")
 
 
-def _as_tensor(value, dtype=None):
-    try:
-        return torch.as_tensor(value, dtype=dtype)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
 def _expect_routed(got, logits, k, cap, where):
     __tracebackhide__ = True
     N, E = logits.shape
@@ -86,8 +80,8 @@ def _expect_routed(got, logits, k, cap, where):
         fail(where, None, f"returned {kind(got)}, expected (experts, weights, keep)", ROUTE_HINT)
     experts, weights, keep = got
     # a list or numpy array comes back as nested lists: read its numbers as float64, not float32
-    experts, keep = _as_tensor(experts), _as_tensor(keep)
-    weights = _as_tensor(weights, None if isinstance(weights, torch.Tensor) else torch.float64)
+    experts, keep = as_tensor(experts), as_tensor(keep)
+    weights = as_tensor(weights, None if isinstance(weights, torch.Tensor) else torch.float64)
     want_e, want_w, want_k = routed(logits, k, cap)
     for name, t in (("experts", experts), ("weights", weights), ("keep", keep)):
         if t is None or t.shape != (N, k):

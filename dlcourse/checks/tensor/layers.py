@@ -17,25 +17,17 @@ from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tenso
                                   fresh_cases, kind, random_tensor, run_on_ranks)
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
+from dlcourse.checks.tensor.linear import TOL, TOLERANCE, _close, _detached
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.models import CausalSelfAttention, GPTConfig
 
-# float64 rounding: one process and the ranks add the same ~100 products in another order,
-# ~1e-14 apart; 1e-10 allows 10^4 times that. Each mistake named here moves values by 0.01 or more.
-TOL = dict(atol=1e-10, rtol=1e-10)
-TOLERANCE = "1e-10 (float64 rounding)"
-
-
-def _close(a, b):
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, **TOL)
+# The linear checks' float64 tolerance, 1e-10: here one process and the ranks add the same ~100
+# products in another order, ~1e-14 apart, 10^4 times less. Each mistake named here moves values
+# by 0.01 or more.
 
 
 def _capital(text):
     return text[:1].upper() + text[1:]
-
-
-def _detached(value):
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
 # ---------------------------------------------------------------- exercise 5: the fused qkv

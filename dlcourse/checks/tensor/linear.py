@@ -71,19 +71,33 @@ def check_column_parallel_linear(column_parallel_linear, timeout=CHECK_TIMEOUT_S
     """column_parallel_linear(x, weight, bias, group): x (..., in) whole on every rank, weight
     this rank's rows (out/t, in) of W, bias its (out/t,) of b or None -> the whole (..., out)."""
     __tracebackhide__ = True
-    expect_callable(column_parallel_linear, "column_parallel_linear")
-    for i, tp in enumerate(draw_tp_sizes(rng)):
-        linear, x = _linear(rng, tp, bias=i != 1, split="out")
-        where = _where("column_parallel_linear", tp, linear, x)
-        expected = linear(x).detach()
-        rows, bias = _shards(linear.weight.detach(), tp, 0), _shards(_bias(linear), tp, 0)
-        got = _run(column_parallel_linear, "column_parallel_linear", where, COLUMN_HINT,
-                   _column_in_rank, [(x, rows[r], bias[r]) for r in range(tp)], timeout)
-        for rank, y in enumerate(got):
-            expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
-                          hint=_column_hint(y, expected, linear, x, tp), **TOL)
+    _check_linear(column_parallel_linear, "column_parallel_linear", rng, timeout, split="out",
+                  no_bias=1, pieces=_column_pieces, harness=_column_in_rank, hint=COLUMN_HINT,
+                  mistake=_column_hint)
     print("column_parallel_linear: passed on 3 cases drawn afresh (2, 3 and 4 ranks; "
           "with and without bias; 1 and 2 leading dims), equal to nn.Linear on every rank")
+
+
+def _check_linear(fn, exercise, rng, timeout, split, no_bias, pieces, harness, hint, mistake):
+    """Both checks: a layer drawn on each of 2, 3 and 4 ranks (cut along its `split` features;
+    the `no_bias`-th without a bias), rank r sent `pieces(linear, x, tp)[r]` only, and every
+    rank's output equal to the whole layer's; `mistake` names the one a wrong output shows."""
+    __tracebackhide__ = True
+    expect_callable(fn, exercise)
+    for i, tp in enumerate(draw_tp_sizes(rng)):
+        linear, x = _linear(rng, tp, bias=i != no_bias, split=split)
+        where = _where(exercise, tp, linear, x)
+        expected = linear(x).detach()
+        got = _run(fn, exercise, where, hint, harness, pieces(linear, x, tp), timeout)
+        for rank, y in enumerate(got):
+            expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
+                          hint=mistake(y, expected, linear, x, tp, rank), **TOL)
+
+
+def _column_pieces(linear, x, tp):
+    """Rank r: the whole x, its rows of W (out/t, in), its entries of b (out/t,) or None."""
+    rows, bias = _shards(linear.weight.detach(), tp, 0), _shards(_bias(linear), tp, 0)
+    return [(x, rows[r], bias[r]) for r in range(tp)]
 
 
 def _column_in_rank(student, x, w_r, b_r):
@@ -96,8 +110,8 @@ def _bias(linear):
     return None if linear.bias is None else linear.bias.detach()
 
 
-def _column_hint(y, expected, linear, x, tp):
-    """Which mistake gives `y`, if it is one we know."""
+def _column_hint(y, expected, linear, x, tp, rank):
+    """Which mistake gives `y`, if it is one we know (every rank's output is the same)."""
     blocks = expected.chunk(tp, dim=-1)  # what each rank computes: (..., out/t)
     if isinstance(y, torch.Tensor) and y.shape == blocks[0].shape != expected.shape:
         return "this is one rank's block of the output: all-gather the blocks of every rank"
@@ -123,19 +137,17 @@ def check_row_parallel_linear(row_parallel_linear, timeout=CHECK_TIMEOUT_S, *, r
     """row_parallel_linear(x, weight, bias, group): x (..., in) whole on every rank, weight this
     rank's columns (out, in/t) of W, bias the whole (out,) b or None -> the whole (..., out)."""
     __tracebackhide__ = True
-    expect_callable(row_parallel_linear, "row_parallel_linear")
-    for i, tp in enumerate(draw_tp_sizes(rng)):
-        linear, x = _linear(rng, tp, bias=i != 2, split="in")
-        where = _where("row_parallel_linear", tp, linear, x)
-        expected = linear(x).detach()
-        columns = _shards(linear.weight.detach(), tp, 1)
-        got = _run(row_parallel_linear, "row_parallel_linear", where, ROW_HINT, _row_in_rank,
-                   [(x, columns[r], _bias(linear)) for r in range(tp)], timeout)
-        for rank, y in enumerate(got):
-            expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
-                          hint=_row_hint(y, expected, linear, x, tp, rank), **TOL)
+    _check_linear(row_parallel_linear, "row_parallel_linear", rng, timeout, split="in",
+                  no_bias=2, pieces=_row_pieces, harness=_row_in_rank, hint=ROW_HINT,
+                  mistake=_row_hint)
     print("row_parallel_linear: passed on 3 cases drawn afresh (2, 3 and 4 ranks; "
           "with and without bias), equal to nn.Linear on every rank, the bias added once")
+
+
+def _row_pieces(linear, x, tp):
+    """Rank r: the whole x, its columns of W (out, in/t), the whole b (out,) or None."""
+    columns = _shards(linear.weight.detach(), tp, 1)
+    return [(x, columns[r], _bias(linear)) for r in range(tp)]
 
 
 def _row_in_rank(student, x, w_r, b):
@@ -145,6 +157,7 @@ def _row_in_rank(student, x, w_r, b):
 
 
 def _row_hint(y, expected, linear, x, tp, rank):
+    """Which mistake gives rank `rank`'s `y`, if it is one we know."""
     bias = 0 if linear.bias is None else linear.bias.detach()
     w_r = linear.weight.detach().chunk(tp, dim=1)[rank]
     partial = x.chunk(tp, dim=-1)[rank] @ w_r.T  # (..., out): this rank's term

@@ -22,6 +22,17 @@ def draw_world_sizes(rng):
     return [first, *rest]
 
 
+def draw_cases(rng, n_params):
+    """(world_size, model spec) for 2, 3 and 4 ranks, one at a time (a check draws more of a
+    case from `rng` before the next): the first uneven, its model redrawn until N does not divide
+    the `n_params(spec)` elements the case shards."""
+    for i, world_size in enumerate(draw_world_sizes(rng)):
+        spec = draw_model(rng)
+        while i == 0 and not uneven(n_params(spec), world_size):
+            spec = draw_model(rng)
+        yield world_size, spec
+
+
 def uneven(n_params, world_size):
     """N does not divide Ψ and the padding is at least 2 elements, so padding put anywhere but
     the end of the buffer (each shard padded on its own, say) lands inside a parameter."""

@@ -17,12 +17,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
-                                  fresh_cases, run_on_ranks)
-from dlcourse.checks.data.replicas import expect_weights, shards, snapshot, whole_batch
+                                  fresh_cases)
+from dlcourse.checks.data.replicas import expect_weights, run_steps, shards, snapshot, whole_batch
 from dlcourse.checks.zero.answers import ANSWERS
-from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_model,
-                                        draw_world_sizes, flat_of, gradient, loss_fn,
-                                        padded_shard, uneven)
+from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_cases, flat_of,
+                                        gradient, loss_fn, padded_shard)
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.memory import storage_bytes
 
@@ -47,10 +46,7 @@ def check_zero_step(zero_step, timeout=CHECK_TIMEOUT_S, *, rng):
     shard of the gradient, with the masters stepped and gathered."""
     __tracebackhide__ = True
     expect_callable(zero_step, "zero_step")
-    for i, world_size in enumerate(draw_world_sizes(rng)):
-        spec = draw_model(rng)
-        while i == 0 and not uneven(_psi(spec), world_size):  # N does not divide Ψ
-            spec = draw_model(rng)
+    for world_size, spec in draw_cases(rng, _psi):  # the first: N does not divide Ψ
         _check_step_case(zero_step, spec, world_size, rng.randint(1, 3), rng.randrange(10**6),
                          timeout)
     print("zero_step: passed on 3 cases (2, 3 and 4 ranks; MLPs and GPTs of random sizes; Ψ "
@@ -70,12 +66,11 @@ def _check_step_case(zero_step, spec, world_size, per_rank, data_seed, timeout):
     steps = [shards(b, [per_rank] * W) for b in batches]  # steps[k][r]: rank r's (x, y)
     where = (f"zero_step on {W} ranks, {describe_model(spec)} (Ψ = {psi}, shards of s = {s}, "
              f"{W * s - psi} padding), {per_rank} samples per rank")
-    outcomes = run_on_ranks(zero_step, [([st[r] for st in steps],) for r in range(W)],
-                            exercise="zero_step", where=where, hint=STEP_HINT, timeout=timeout,
-                            harness=partial(_step_in_rank, spec), guard=ANSWERS.in_rank,
-                            forbid=("all_reduce", "all_reduce_coalesced"),
-                            why_forbidden="stage 1 needs only this rank's shard of the average: "
-                                          "reduce-scatter it")
+    outcomes = run_steps(zero_step, steps, exercise="zero_step", where=where, hint=STEP_HINT,
+                         timeout=timeout, harness=partial(_step_in_rank, spec),
+                         guard=ANSWERS.in_rank, forbid=("all_reduce", "all_reduce_coalesced"),
+                         why_forbidden="stage 1 needs only this rank's shard of the average: "
+                                       "reduce-scatter it")
     model = build(spec)
     expected = whole_batch(model, torch.optim.AdamW(model.parameters(), **ADAMW), batches,
                            loss_fn(spec))

@@ -18,12 +18,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
-                                  fresh_cases, run_on_ranks)
-from dlcourse.checks.data.replicas import shards, snapshot
+                                  fresh_cases)
+from dlcourse.checks.data.replicas import run_steps, shards, snapshot
 from dlcourse.checks.zero.answers import ANSWERS
-from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_model,
-                                        draw_world_sizes, flat_of, gradient, loss_fn,
-                                        padded_shard, uneven)
+from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_cases, flat_of,
+                                        gradient, loss_fn, padded_shard)
 from dlcourse.collectives.counter import CommCounter
 from dlcourse.memory import storage_bytes
 
@@ -46,10 +45,7 @@ def check_gather_and_free(gather_and_free, timeout=CHECK_TIMEOUT_S, *, rng):
     free them after each: the gradients equal the unsharded model's, nothing held after."""
     __tracebackhide__ = True
     expect_callable(gather_and_free, "gather_and_free")
-    for i, world_size in enumerate(draw_world_sizes(rng)):
-        spec = draw_model(rng)
-        while i == 0 and not uneven(_unit_psi(spec), world_size):  # N does not divide Ψ
-            spec = draw_model(rng)
+    for world_size, spec in draw_cases(rng, _unit_psi):  # the first: N does not divide Ψ
         _check_unit_case(gather_and_free, spec, world_size, rng.randrange(10**6), timeout)
     print("gather_and_free: passed on 3 cases (2, 3 and 4 ranks; a GPT block or an MLP layer; "
           "Ψ not a multiple of N), gradients equal to the unsharded model's, parameters "
@@ -73,10 +69,9 @@ def _check_unit_case(gather_and_free, spec, world_size, data_seed, timeout):
     unit = "its last block" if spec[0] == "GPT" else "its output layer"
     where = (f"gather_and_free on {W} ranks, {describe_model(spec)}, {unit} sharded (Ψ = {psi}, "
              f"s = {s})")
-    outcomes = run_on_ranks(gather_and_free, [([m[r] for m in micro],) for r in range(W)],
-                            exercise="gather_and_free", where=where, hint=UNIT_HINT,
-                            timeout=timeout, harness=partial(_unit_in_rank, spec),
-                            guard=ANSWERS.in_rank)
+    outcomes = run_steps(gather_and_free, micro, exercise="gather_and_free", where=where,
+                         hint=UNIT_HINT, timeout=timeout, harness=partial(_unit_in_rank, spec),
+                         guard=ANSWERS.in_rank)
     full_bytes = W * s * _itemsize(spec)  # `full`: N shards of s elements
     for rank, (records, _) in enumerate(outcomes):
         for k, record in enumerate(records, 1):
