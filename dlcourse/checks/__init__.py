@@ -23,9 +23,10 @@ the check modules, and the references they share.
     data/             lesson 03: steps.py, accumulate.py, buckets.py, and replicas.py (models,
                       whole-batch references, gradient watches, weight comparisons that later
                       lessons' checks reuse)
-    tensor/           lesson 04: linear.py, operators.py (f and g), layers.py (the qkv shard,
-                      the vocabulary-parallel loss), sequence.py (sequence parallelism's pair
-                      and its LayerNorm gradients), cases.py (tp sizes drawn per run)
+    tensor/           lesson 04: linear.py, operators.py (f and g), qkv.py (the qkv shard),
+                      vocab.py (the vocabulary-parallel loss), sequence.py (sequence
+                      parallelism's pair and its LayerNorm gradients), cases.py (tp sizes drawn
+                      per run)
     zero/             lesson 05: shards.py, steps.py (the sharded step), units.py (a stage-3
                       unit), cases.py (cases drawn per run)
     pipeline/         lesson 06: basics.py, schedules.py (the 1F1B list, run as a schedule),

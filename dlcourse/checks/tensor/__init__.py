@@ -10,16 +10,18 @@ hand.
     check_sequence_parallel(GatherSequence, ReduceScatterSequence)  SP's conversion pair
     check_layernorm_grads(sync_layernorm_grads)           SP's LayerNorm gradients summed over tp
 
-The qkv shard and the loss are in `layers.py`, the sequence-parallel pair in `sequence.py`. Every
-check runs the student's code on 2, 3 and 4 real ranks (in a random order) with sizes, biases and
-values drawn afresh on each run (`core.fresh_cases`) from a seed that a failure prints (`seed=`
-replays it), in float64, and compares every rank's output (and, for f
-and g, every gradient) with one process running `nn.Linear` on the whole tensors. While the
+The column and row checks are in `linear.py`, f and g in `operators.py`, the qkv shard in
+`qkv.py`, the loss in `vocab.py`, the sequence-parallel pair in `sequence.py`. Every check runs
+the student's code on 2, 3 and 4 real ranks (in a random order) with sizes, biases and values
+drawn afresh on each run (`core.fresh_cases`) from a seed that a failure prints (`seed=` replays
+it), in float64, and compares every rank's output (and, for f and g, every gradient) with one
+process running `nn.Linear` on the whole tensors. While the
 student's code runs the lesson's `dlcourse.parallel.tensor` and torch's DTensor tensor
 parallelism are refused (`answers.py`).
 """
 
-from dlcourse.checks.tensor.layers import check_qkv_shard, check_vocab_parallel_cross_entropy
+from dlcourse.checks.tensor.qkv import check_qkv_shard
+from dlcourse.checks.tensor.vocab import check_vocab_parallel_cross_entropy
 from dlcourse.checks.tensor.linear import check_column_parallel_linear, check_row_parallel_linear
 from dlcourse.checks.tensor.operators import check_f, check_g
 from dlcourse.checks.tensor.sequence import check_layernorm_grads, check_sequence_parallel

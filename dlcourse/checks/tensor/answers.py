@@ -1,5 +1,5 @@
-"""What lesson 04's checks (`linear.py`, `layers.py`) refuse while a student's code runs, declared
-once to the checks' engine; the sizes they draw are in `cases.py`.
+"""What lesson 04's checks refuse while a student's code runs, declared once to the checks'
+engine; the sizes they draw are in `cases.py`.
 
 The answers are the lesson's own tensor-parallel code, every public function and class defined in
 a module of `dlcourse.parallel.tensor`, and torch's: DTensor's `parallelize_module`, its

@@ -55,6 +55,10 @@ def _shards(tensor, tp, dim):
     return [None] * tp if tensor is None else [t.clone() for t in tensor.chunk(tp, dim=dim)]
 
 
+def _capital(text):
+    return text[:1].upper() + text[1:]
+
+
 def _detached(value):
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 

@@ -50,8 +50,7 @@ SYNC_HINT = ("each rank's LayerNorm saw only its own tokens: all-reduce (sum) th
 # ---------------------------------------------------------------- the block and its reference
 
 
-# the harness's functions, which the guard calls back
-SEQUENCE = ANSWERS.but(allow=ANSWERS.allow + ("_shape_checked", "_block"))
+SEQUENCE = ANSWERS.but(allow=ANSWERS.allow + ("_shape_checked", "_block"))  # the harness's
 
 
 def draw_block(rng, tp):
