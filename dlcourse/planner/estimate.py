@@ -45,7 +45,7 @@ from dlcourse.parallel.pipeline.schedules import Action, interleaved_1f1b, one_f
 from dlcourse.planner import margin
 from dlcourse.planner.transients import transient_bytes
 from dlcourse.planner.timing import (BYTES, cp_time, dp_time, elementwise_bytes,
-                                     hardware_flops_per_token, layer_activations,
+                                     hardware_flops_per_token, layer_activations, loss_time,
                                      model_flops_per_token, optimizer_time, pp_time,
                                      shape_efficiency, tp_time)
 
@@ -211,7 +211,8 @@ def estimate(work, layout, cluster):
     elementwise = (elementwise_bytes(work, L) * spec.n_layers / L.pp * L.micro_batches
                    / gpu.hbm_bw)
     bubble = bubble_share(L)
-    compute = (matmuls + elementwise) / (1 - bubble)
+    loss = loss_time(work, L, gpu)  # on the last stage, which the others wait behind
+    compute = (matmuls + elementwise + loss) / (1 - bubble)
     tp, pp, cp = tp_time(work, L, cluster), pp_time(work, L, cluster), cp_time(work, L, cluster)
     dp, hideable = dp_time(work, L, cluster, n_params)
     exposed_dp = max(0.0, dp - hideable * (matmuls + elementwise))
