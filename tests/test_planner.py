@@ -231,6 +231,10 @@ def test_each_gpus_share_is_fitted_on_its_calibration_runs_only(monkeypatch):
         on_gpu = [r for r in RUNS if r.cluster.gpu.name == gpu_name]
         assert len(calibration_runs(gpu_name)) < len(on_gpu) - len(calibration_runs(gpu_name))
     assert gpu("h100").in_step_share == H100_SHARE and gpu("h200").in_step_share == H100_SHARE
+    assert H100_500W_SHARE < H100_SHARE  # the 500 W limit: torchtitan's cards keep less
+    titan = calibration_runs(TORCHTITAN_H100.name)[0]  # on a datasheet SXM, far too fast
+    sxm = replace(titan, cluster=replace(titan.cluster, gpu=gpu("h100")))
+    assert throughput_error(sxm, predict(sxm)[1]) > 0.3
     fitted = fit_share("h100", steps=2)
     doubled = [replace(r, value=2 * r.value) if r.role == HELD_OUT else r for r in RUNS]
     monkeypatch.setattr("dlcourse.planner.published_runs.RUNS", doubled)

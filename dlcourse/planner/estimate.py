@@ -16,8 +16,9 @@ has (`timing.py` for the time terms):
 - the peak (`peak_memory`, what `Estimate.memory` holds and `fits` checks): the above plus
   the largest transient (`transients.py`): the loss's backward, the layer recomputed in
   backward, ZeRO-3's unsharded layers and gradients in flight;
-- time: the matmuls at the GPU's sustained matmul rate (MAMF, roofline for thin ones) and the
-  element-wise kernels at its memory bandwidth, stretched by the pipeline bubble (lesson 06's
+- time: the matmuls at the GPU's sustained matmul rate (MAMF x its fitted in-step share,
+  roofline for thin ones), the element-wise kernels and the loss's at its memory bandwidth,
+  stretched by the pipeline bubble (lesson 06's
   `bubble_formula`: the idle share of the step); plus what communication is not hidden (tp's
   all-reduces, the pipeline's fill and drain sends, cp's gathers of keys and values, dp / ZeRO's
   reductions and gathers) and Adam's step at memory bandwidth.

@@ -44,10 +44,10 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
 
 - Megatron-LM's README (NVIDIA/Megatron-LM at d98e8a6, 2026-08-22; its "Model table" image,
   images/model_table.png): weak scaling on H100, 1.7B to 462B at 4,096 tokens, vocabulary
-  131,072, tp 1-8, pp 1-16, dp 48, on 48 to 6,144 GPUs, MFU 41-49% (`MEGATRON_H100`). 8 of its
-  9 rows are predicted within `TOLERANCE`; the 1.7B (h 2,048, tp 1) was 30% optimistic until
+  131,072, tp 1-8, pp 1-16, dp 48, on 48 to 6,144 GPUs, MFU 41-49% (`MEGATRON_H100`). Every
+  other row calibrates the H100 SXM (below). The 1.7B (h 2,048, tp 1) was 30% optimistic until
   the loss's kernels were timed (`timing.loss_time`: its vocabulary of 131,072 beside h 2,048
-  makes the fp32 cross-entropy 6% of the step).
+  makes the fp32 cross-entropy 6% of the step); it is still the most optimistic H100 row.
 
 - torchtitan's H100 tables for Llama 3.1 8B (benchmarks/llama3_h100_202412_torchtitan.md,
   added in commit 820504e, 2025-06-13; runs of 2024-12 at torchtitan 9dec370), Tables 1 and 3:
@@ -61,7 +61,7 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   bandwidth and share it predicted 7,996 and 8,027 (+39%, +43%). A GPU of its own, calibrated
   on one of its runs (Table 1's eager FSDP row, 8 GPUs) and checked on the other three. The
   planner has no term for what torch.compile fuses (the norms, rotary, SwiGLU's kernels run
-  eagerly here): the compiled rows are held out with the eager rows' prediction, 14% slow.
+  eagerly here): the compiled rows are held out with the eager rows' prediction, 12-14% slow.
 
 The split (`PublishedRun.role`): each GPU's in-step share of its MAMF (`hardware.py`) is fitted
 on the runs marked "calibration" on that GPU (`calibration.fit_share`): for the A100, one
