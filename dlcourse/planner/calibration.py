@@ -16,9 +16,11 @@ Other GPUs are fitted on published runs of their own (`fit_share`): the share at
 planner's throughput over the runs marked "calibration" on that GPU (`published_runs.py`) is
 right on average (the geometric mean of predicted / published is 1). One number a GPU, each
 checked on the runs of that GPU held out. The H100 SXM's (five of Megatron-LM's nine H100
-rows) comes out as the A100's layer gave: the same software keeps the same share of a faster
-chip. torchtitan's 500 W HBM2e H100 keeps less: its power limit lowers the clock its matmuls
-run at, which its fitted share holds (`published_runs.TORCHTITAN_H100`).
+rows) comes out at 0.72, the A100 layer's 0.73 within rounding: the same software keeps the
+same share of a faster chip. torchtitan's 500 W HBM2e H100 keeps 0.53: its power limit lowers
+the clock its matmuls run at (its lower memory bandwidth is `hbm_bw`'s, not the share's), and
+its eager, unfused kernels and a peak its source calls unknown are in that one number too
+(`published_runs.TORCHTITAN_H100`).
 """
 
 import math
