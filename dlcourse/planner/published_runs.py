@@ -57,9 +57,12 @@ Sources (A100 80 GB on DGX A100 nodes unless said; GPT: vocabulary 51,200, seque
   the Float8 rows are left out: the planner counts bf16 matmuls only). Their GPUs are not
   `GPUS["h100"]`: Grand Teton's H100 with 96 GB of HBM2e at 2.4 TB/s under a 500 W power limit
   (the SXM's is 700 W), whose peak the source says lies "between SXM and NVL" and is unknown
-  (`TORCHTITAN_H100`). That is WHY the planner was optimistic here: with the datasheet SXM's
-  bandwidth and share it predicted 7,996 and 8,027 (+39%, +43%). A GPU of its own, calibrated
-  on one of its runs (Table 1's eager FSDP row, 8 GPUs) and checked on the other three. The
+  (`TORCHTITAN_H100`). That is WHY the planner was optimistic here: on a datasheet SXM (with
+  the loss timed) it predicts 7,807 and 7,837 tokens/s/GPU for the eager rows (+35%, +40%);
+  at 2.4 TB/s, 7,612 and 7,651 (+32%, +37%): the memory explains 3 points, the rest is in the
+  share (0.53 against the SXM's 0.72): the power limit's lower clock, the eager kernels and
+  the unknown peak, which these rows cannot tell apart. So a GPU of its own, calibrated on one
+  of its runs (Table 1's eager FSDP row, 8 GPUs) and checked on the other three. The
   planner has no term for what torch.compile fuses (the norms, rotary, SwiGLU's kernels run
   eagerly here): the compiled rows are held out with the eager rows' prediction, 12-14% slow.
 
@@ -220,7 +223,8 @@ def _megatron_h100(heads, hidden, layers, tp, pp, gpus, batch, mfu):
 # HBM2e at 2.4 TB/s, NVLink inside the host, 400 Gb/s RDMA a GPU, a 500 W power limit. Its peak
 # is unknown ("between SXM and NVL"): the SXM's 989 TFLOPS, which torchtitan divides by for its
 # MFU, and the SXM's MAMF are kept, and what the power limit takes is in its fitted share.
-TORCHTITAN_H100 = replace(GPUS["h100"], name="h100 96GB HBM2e 500 W", memory=96 * 1e9,
+TORCHTITAN_H100 = replace(GPUS["h100"], name="h100 96GB HBM2e 500 W",
+                          memory=96 * 1e9,  # "96GB" as the source says (no nvidia-smi figure)
                           hbm_bw=2.4e12, in_step_share=H100_500W_SHARE,
                           source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md")
 
