@@ -33,20 +33,13 @@ class Lesson:
                 if number == self.number]
 
 
-LESSONS = [
-    Lesson("00", "launch", "launch"),
-    Lesson("01", "memory", "memory"),
-    Lesson("02", "collectives", "collectives"),
-    Lesson("03", "data_parallel", "data parallel"),
-    Lesson("04", "tensor_parallel", "tensor parallel"),
-    Lesson("05", "zero", "ZeRO"),
-    Lesson("06", "pipeline", "pipeline"),
-    Lesson("07", "combining", "combining"),
-    Lesson("08", "context_parallel", "context parallel"),
-    Lesson("09", "experts", "experts"),
-    Lesson("10", "debugging", "debugging"),
-    Lesson("11", "checkpoints", "checkpoints and failures"),
-]
+# The course in order: a lesson's number is its place here; its title (the README's) is the slug
+# in words, unless _TITLES names another.
+_SLUGS = ("launch", "memory", "collectives", "data_parallel", "tensor_parallel", "zero",
+          "pipeline", "combining", "context_parallel", "experts", "debugging", "checkpoints")
+_TITLES = {"zero": "ZeRO", "checkpoints": "checkpoints and failures"}
+LESSONS = [Lesson(f"{number:02d}", slug, _TITLES.get(slug, slug.replace("_", " ")))
+           for number, slug in enumerate(_SLUGS)]
 
 SERVES = {  # module of the library -> (the lesson it serves, what it holds for it)
     "dlcourse.launcher": ("00", "`launch`: a function on N ranks from a cell"),
