@@ -172,13 +172,48 @@ def test_plan_ranks_mixtral_with_the_ep_asked_for(capsys):
 
 def test_deepseek_v3s_published_layout_is_valid_and_its_speed_bracketed():
     """Held out (`published_moe.py`): the report's PP16 x EP64 x ZeRO-1 DP layout passes the
-    rule book and fits on 2,048 H800s; the planner's bf16, all-to-alls-exposed estimate is above
-    the published 180K GPU-hours per trillion tokens and its FP8-rate, all-to-alls-hidden bound
-    below it (a miss of the issue's 25%, said in the module)."""
+    rule book and fits on 2,048 H800s (with full recomputation); run as the report ran it
+    (FP8, DualPipe, node-limited DeepEP dispatch overlapped) the planner is within 25% of the
+    published 180K GPU-hours a trillion tokens; plainly (bf16, 1F1B, all-to-alls exposed) it
+    is far slower than the report."""
     from dlcourse.planner.published_moe import deepseek_v3
     found = deepseek_v3()
-    assert found["problems"] == [] and found["fits"]
-    assert found["lower"] < found["published"] < found["planner"]
+    assert found["problems"] == [] and found["fits_full_recompute"]
+    assert abs(found["error"]) < 0.25
+    assert found["planner"] < found["published"] < found["plain"] / 2
+
+
+def test_the_published_moe_runs_within_25_percent_or_a_documented_miss():
+    """Every run of `published_moe.RUNS` is within 25% of its published step time, or says
+    why it misses; at least three (DeepSeek-V3 and two of Megatron-Core's) are within."""
+    from dlcourse.planner.published_moe import RUNS, held_against
+    found = [held_against(run) for run in RUNS]
+    within = [f for f in found if abs(f["error"]) < 0.25]
+    assert all(f["miss"] for f in found if f not in within), found
+    assert not any(f["miss"] for f in within) and len(within) >= 3
+
+
+def test_node_limited_dispatch_sends_one_copy_a_node():
+    """`network_copies`: M of n nodes, (n - 1) M / n of them other, with node-limited routing;
+    uniform routing without it, checked against counting every k-subset of the experts."""
+    import itertools
+    from dlcourse.planner.catalog import DEEPSEEK_V3
+    assert moe_cost.network_copies(DEEPSEEK_V3, 64, 8) == 7 * 4 / 8
+    assert moe_cost.network_copies(DEEPSEEK_V3, 8, 8) == 0
+    spec = from_config(MoEConfig(vocab_size=64, seq_len=16, hidden=32, n_layers=2, n_heads=4,
+                                 n_experts=8, top_k=3))
+    # ep 8 on 4 nodes of 2 GPUs: node j holds experts 2j and 2j + 1; the token's is node 0
+    subsets = list(itertools.combinations(range(8), 3))
+    other = sum(len({e // 2 for e in c} - {0}) for c in subsets) / len(subsets)
+    assert moe_cost.network_copies(spec, 8, 2) == pytest.approx(other, rel=1e-12)
+
+
+def test_score_flops_follow_the_head_dims():
+    """A spec with `head_dims` (h / H, h / H) counts the dense convention's 12 L h s."""
+    spec = model("mixtral-8x7b")
+    d = spec.hidden // spec.n_heads
+    assert moe_cost.score_flops_per_token(replace(spec, head_dims=(d, d)), 4096) == \
+        moe_cost.score_flops_per_token(spec, 4096) == 12 * 32 * 4096 * 4096
 
 
 def test_the_transient_layer_is_as_wide_as_the_routed_rows():
