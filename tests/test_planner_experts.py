@@ -229,3 +229,86 @@ def test_the_transient_layer_is_as_wide_as_the_routed_rows():
     expected = round(config.n_experts // 2 * cap / tokens * 40) + 2 * 40
     assert routed_width(Workload(spec, config.seq_len, 8 * config.seq_len), L) == \
         max(expected, 4 * config.hidden)
+
+
+# --- what a published run did beyond its layout (`moe_cost.Recipe`) ---
+
+from dlcourse.planner.moe_cost import Recipe  # noqa: E402
+from dlcourse.planner import moe_estimate as moe_est  # noqa: E402
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_deepep_inside_a_node_sends_lesson_09s_bytes_over_nvlink(config):
+    """One node: no copy crosses the network, and DeepEP's NVLink part is lesson 09's
+    `all_to_all_formula`, four times a MoE layer, at NVLink's rate (plus 4 (ep - 1) alphas)."""
+    spec, cluster = from_config(config), Cluster(gpu("h100"), 8)
+    L = Layout(4, 1, 1, micro_batch=3, micro_batches=2, ep=4)
+    alpha, bw = cluster.link(4)
+    per_layer = 4 * all_to_all_formula(config, 3, 4, itemsize=2) / bw + 4 * 3 * alpha
+    assert moe_cost.deepep_seconds(spec, L, config.seq_len, cluster) == pytest.approx(
+        per_layer * len(config.moe_blocks) * 2, rel=1e-12)
+    assert moe_cost.network_copies(spec, 4, 8) == 0
+
+
+def test_deepep_across_nodes_is_the_slower_of_its_two_links():
+    """DeepSeek-V3's ep 64 over 8 nodes: 3.5 copies a token over InfiniBand against k (g-1)/g
+    = 7 on NVLink; the forward dispatch in FP8 (1 byte) beside three bf16 all-to-alls."""
+    from dlcourse.planner.published_moe import DEEPSEEK_V3_RUN as run
+    spec, L, cluster = run.work.model, run.layout, run.cluster
+    tokens = 4096
+    net = 3.5 * tokens * spec.hidden * (1 + 3 * 2) / cluster.gpu.inter_bw
+    nvl = 8 * 7 / 8 * tokens * spec.hidden * (1 + 3 * 2) / cluster.gpu.intra_bw
+    layers = max(len(set(moe_cost.stage_layers(spec, L, s)) & set(spec.moe_blocks))
+                 for s in range(L.pp))
+    alpha = cluster.gpu.inter_alpha
+    assert moe_cost.deepep_seconds(spec, L, 4096, cluster, fp8=True) == pytest.approx(
+        (max(net, nvl) + 4 * 63 * alpha) * layers * L.micro_batches, rel=1e-12)
+
+
+def test_fp8_halves_the_linear_layers_not_the_attention_scores():
+    from dlcourse.planner.layouts import Workload
+    spec = model("mixtral-8x7b")
+    work, g = Workload(spec, 4096, 4096 * 64), gpu("h100")
+    L = Layout(8, 1, 1, zero_stage=1, micro_batches=8, ep=8)
+    dense, experts = moe_est.matmul_seconds(work, L, g, Recipe())
+    dense8, experts8 = moe_est.matmul_seconds(work, L, g, Recipe(fp8=True))
+    assert experts8 == pytest.approx(experts / 2, rel=1e-12)
+    scores = moe_cost.score_flops_per_token(spec, 4096) * (1 + 1 / 6)  # FA-2's recomputed QK^T
+    share = scores / (scores + 6 * active_params(spec) - 6 * 32 * 2 * 3 * 4096 * 14336)
+    assert dense8 / dense == pytest.approx(share + (1 - share) / 2, rel=1e-9)
+
+
+def test_dualpipe_bubble_is_the_reports_table_2():
+    """(p/2 - 1)(F&B + B - 3W) with F&B = F + B, B = 2F, W = F: 2F (p/2 - 1) idle beside 3mF;
+    1F1B's (p - 1)(F + B) = 3F (p - 1), lesson 06's formula."""
+    L = Layout(128, 1, 16, micro_batches=120, ep=64)
+    assert moe_est.bubble_of(L, Recipe(schedule="dualpipe")) == 14 / (360 + 14)
+    assert moe_est.bubble_of(L, Recipe()) == pytest.approx(45 / (360 + 45))
+    with pytest.raises(ValueError, match="schedule"):
+        Recipe(schedule="zero bubble")
+
+
+def test_an_overlap_exposes_only_what_outlasts_the_compute():
+    from dlcourse.planner.layouts import Workload
+    spec, cluster = model("mixtral-8x7b"), Cluster(gpu("h100"), 64)
+    work = Workload(spec, 4096, 4096 * 256)
+    L = Layout(16, 1, 4, zero_stage=1, micro_batches=16, recompute="full", ep=8)
+    plain = moe_est.moe_estimate(work, L, cluster, Recipe(dispatcher="deepep"))
+    hidden = moe_est.moe_estimate(work, L, cluster,
+                                  Recipe(dispatcher="deepep", overlap=True, comm_sm_share=0.25))
+    assert hidden.ep_time == max(0.0, plain.ep_time - hidden.compute_time) == 0.0
+    assert hidden.compute_time == pytest.approx(plain.compute_time / 0.75)
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_elementwise_traffic_is_the_dense_convention_on_the_moe_layer(config):
+    """3 passes (4 with full recomputation) over what one layer saves without recomputation,
+    for each layer of the stage and micro-batch, at the GPU's memory bandwidth."""
+    from dlcourse.planner.layouts import Workload
+    spec, g = from_config(config), gpu("h100")
+    work = Workload(spec, config.seq_len, 8 * config.seq_len)
+    for recompute, passes in (("none", 3), ("full", 4)):
+        L = Layout(4, 1, 1, micro_batch=2, micro_batches=1, recompute=recompute, ep=2)
+        stored = moe_est.layer_bytes(work, replace(L, recompute="none"))
+        assert moe_est.elementwise_seconds(work, L, g) == \
+            stored * passes * config.n_layers / g.hbm_bw
