@@ -74,10 +74,12 @@ COURSE_MOES = [MOE, MoEConfig(vocab_size=50, seq_len=12, hidden=24, n_layers=4, 
 
 
 @pytest.mark.parametrize("name,total,active", [("mixtral-8x7b", 46.7e9, 12.9e9),
-                                               ("deepseek-v3", 671e9, 37e9)])
+                                               ("deepseek-v3", 671e9, 37e9),
+                                               ("qwen3-235b-a22b", 235e9, 22e9)])
 def test_the_catalogue_counts_the_published_totals_and_active_parameters(name, total, active):
-    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B) and the
-    DeepSeek-V3 report's abstract (671B, 37B activated), within 1.5%."""
+    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B), the
+    DeepSeek-V3 report's abstract (671B, 37B activated) and Qwen3-235B-A22B's name (235B
+    total, 22B activated), within 1.5%."""
     spec = model(name)
     split = moe_params(spec)
     assert split["experts"] + split["dense"] == pytest.approx(total, rel=0.015)
@@ -252,12 +254,13 @@ def test_deepep_inside_a_node_sends_lesson_09s_bytes_over_nvlink(config):
 
 def test_deepep_across_nodes_is_the_slower_of_its_two_links():
     """DeepSeek-V3's ep 64 over 8 nodes: 3.5 copies a token over InfiniBand against k (g-1)/g
-    = 7 on NVLink; the forward dispatch in FP8 (1 byte) beside three bf16 all-to-alls."""
+    = 7 on NVLink; the dispatch and the gradients to the experts in FP8 (1 byte), the two
+    combines bf16 (report §3.3.3)."""
     from dlcourse.planner.published_moe import DEEPSEEK_V3_RUN as run
     spec, L, cluster = run.work.model, run.layout, run.cluster
     tokens = 4096
-    net = 3.5 * tokens * spec.hidden * (1 + 3 * 2) / cluster.gpu.inter_bw
-    nvl = 8 * 7 / 8 * tokens * spec.hidden * (1 + 3 * 2) / cluster.gpu.intra_bw
+    net = 3.5 * tokens * spec.hidden * (2 * 1 + 2 * 2) / cluster.gpu.inter_bw
+    nvl = 8 * 7 / 8 * tokens * spec.hidden * (2 * 1 + 2 * 2) / cluster.gpu.intra_bw
     layers = max(len(set(moe_cost.stage_layers(spec, L, s)) & set(spec.moe_blocks))
                  for s in range(L.pp))
     alpha = cluster.gpu.inter_alpha

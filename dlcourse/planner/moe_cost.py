@@ -176,9 +176,11 @@ class Recipe:
     #   (DualPipe, report §3.2.1; Megatron-Core's --overlap-moe-expert-parallel-comm)
     comm_sm_share: float = 0.0  # SMs the communication kernels hold while overlapping:
     #   the compute runs on the rest (report §3.2.2: 20 of the H800's 132)
-    fp8: bool = False  # the linear layers' GEMMs in FP8 at twice the bf16 rate, the dispatch
-    #   sent in FP8 (report §3.3: attention, embedding, head, router and norms stay bf16)
-    schedule: str = "1f1b"  # or "dualpipe": (p/2 - 1)(F&B + B - 3W) idle (report Table 2)
+    fp8: bool = False  # the linear layers' GEMMs in FP8 at twice the bf16 rate (report §3.3.1:
+    #   "theoretically doubles"; attention, embedding, head, router and norms stay bf16), the
+    #   dispatch and the gradient sent back to the experts in FP8, both combines bf16 (§3.3.3)
+    schedule: str = "1f1b"  # or "dualpipe": (p/2 - 1)(F&B + B - 3W) idle (report Table 2;
+    #   deepseek-ai/DualPipe 030ce43 README)
 
     def __post_init__(self):
         if self.dispatcher not in DISPATCHERS or self.schedule not in SCHEDULES:
@@ -204,11 +206,12 @@ def deepep_seconds(spec, L, seq_len, cluster, fp8=False):
     """The step's four all-to-alls a MoE layer with DeepEP-style dispatch: the network part,
     `network_copies` x h values a token; the NVLink part, the k copies fanned out inside
     the node ((g - 1)/g of them leave a GPU); the slower of the two, as they run at once.
-    With `fp8` the forward dispatch sends 1 byte a value, the other three bf16."""
+    With `fp8` the forward dispatch and its backward twin (the gradients before the experts'
+    down-projections) send 1 byte a value, the two combines bf16."""
     if L.ep == 1:
         return 0.0
     tokens, g = rank_tokens(L, seq_len), min(L.ep, cluster.gpus_per_node)
-    byte_sum = (1 if fp8 else BYTES) + 3 * BYTES  # four all-to-alls' bytes a value
+    byte_sum = 2 * (1 if fp8 else BYTES) + 2 * BYTES  # four all-to-alls' bytes a value
     net = network_copies(spec, L.ep, cluster.gpus_per_node) * tokens * spec.hidden * byte_sum
     nvl = spec.top_k * (g - 1) / g * tokens * spec.hidden * byte_sum
     alpha, _ = cluster.link(L.ep)

@@ -10,20 +10,24 @@ parallelism (§3.2); 4,096-token sequences, a batch of 15,360 of them after the 
 "180K H800 GPU hours" for each trillion tokens (§1; Table 1). The H800 here is an H100 SXM
 (same 989 TFLOPS bf16, HBM and memory) with the report's link rates. Its recipe, each from
 the report: the linear layers' GEMMs and the dispatch in FP8 (§3.3); DualPipe's bubble (Table
-2) and its overlap of the all-to-alls with computation (§3.2.1), 20 of the 132 SMs kept for
-communication (§3.2.2); tokens sent once over IB to each of at most 4 nodes and forwarded on
-NVLink (§2.1.2, §3.2.2: the catalogue's `route_nodes`, `Recipe(dispatcher="deepep")`).
+2) and its overlap of the all-to-alls with computation (§3.2.1: cross-node EP's
+"computation-to-communication ratio of approximately 1:1", "fully hidden"), 20 of the 132 SMs
+kept for communication (§3.2.2); tokens sent once over IB to each of at most 4 nodes and
+forwarded on NVLink (§2.1.2, §3.2.2: the catalogue's `route_nodes`,
+`Recipe(dispatcher="deepep")`). Read in a copy of the report's arXiv HTML (v2) on 2026-11-29.
 What the planner still cannot represent, said here:
 - the report recomputes only RMSNorm and MLA's up-projections (§3.2.3) and caches activations
-  in FP8 (§3.3.3); the planner times it as no recomputation (the up-projections are about 3%
+  in FP8 (§3.3.3); the planner times it as no recomputation (the up-projections are about 2%
   of the FLOPs, left out) and counts memory in bf16: 174 GB a GPU, so its memory check is
   made with full recomputation (`fits_full_recompute`), which fits;
 - the multi-token-prediction module (§2.2: one more MoE block and the head again, about 4%
-  more FLOPs) is left out, and the FP8 GEMMs are taken at twice the bf16 sustained rate
-  although DeepSeek's fine-grained scaling promotes partial sums to CUDA cores (§3.3.2);
+  more FLOPs) is left out, and the FP8 GEMMs are taken at exactly twice the bf16 sustained
+  rate (the report's "theoretically doubles"; its fine-grained scaling and promotion to CUDA
+  cores every 128 elements, §3.3.2, are overlapped "without introducing substantial overhead");
+- DualPipe keeps two copies of the parameters (§3.2.1, Table 2), not counted in memory;
 - the published figure is a whole run's GPU-hours (restarts, evaluation, checkpoints), the
   estimate a step's.
-All three make the planner faster than the report, which is the side it misses on.
+Each makes the planner faster than the report, the side it errs on.
 
 Megatron-Core's MoE model zoo (yanring/Megatron-MoE-ModelZoo 798dfb5, 2026-05-13,
 best_practice/qwen3/readme.md, "Performance Results", H100): Qwen3-235B-A22B on 256 H100s
