@@ -46,10 +46,13 @@ def test_ep_on_a_dense_model_and_in_the_combined_grid_are_refused():
         RankGrid(dp=2, ep=0)
 
 
-@pytest.mark.parametrize("ep,needle", [("0", "--ep takes"), ("two", "--ep takes"),
-                                       ("2", "has no experts")])
-def test_plan_gives_a_bad_ep_one_line(capsys, ep, needle):
-    code = main(["plan", "--model", "llama-2-7b", "--gpus", "8", "--tokens-per-step", "1M",
+@pytest.mark.parametrize("name,ep,needle", [
+    ("llama-2-7b", "0", "--ep takes"), ("llama-2-7b", "two", "--ep takes"),
+    ("llama-2-7b", "2", "has no experts"),
+    ("mixtral-8x7b", "3", "ep 3 does not divide the 8 experts (8 / 3 = 2.66667): every rank "
+     "holds E/ep whole experts; try ep in [1, 2, 4, 8]")])
+def test_plan_gives_a_bad_ep_one_line(capsys, name, ep, needle):
+    code = main(["plan", "--model", name, "--gpus", "256", "--tokens-per-step", "1M",
                  "--ep", ep])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and needle in err, err
