@@ -1,7 +1,10 @@
 """Published mixture-of-experts runs, held against the planner (lesson 09's planner; issue 34).
-Calibration: none of these runs sets a constant; all are held out. The planner's one
-calibrated constant is `calibration.py`'s, from a dense layer; what each run did beyond its
-layout is its `Recipe` (`moe_cost.py`), read from its source, not fitted.
+Calibration: one published pair sets one constant, `moe_cost.DROPLESS_IMBALANCE`, the busiest
+expert's rows against the mean when nothing caps them: Megatron-Core's Qwen3-235B at 16K
+tokens, dropless against forced balance (`LONG_CONTEXT`'s first row, `implied_imbalance`);
+its other three rows are held out (`dropless_slowdown`), and so are all the runs of `RUNS`.
+The dense planner's calibrated constant is `calibration.py`'s, from a dense layer; what each
+run did beyond its layout is its `Recipe` (`moe_cost.py`), read from its source, not fitted.
 
 DeepSeek-AI 2024, "DeepSeek-V3 Technical Report": 2,048 H800 GPUs, 8 a node on NVLink/NVSwitch,
 InfiniBand across (§3.1; §3.2.2: "IB (50 GB/s)", "NVLink (160 GB/s)"); 16-way pipeline
@@ -26,7 +29,10 @@ What the planner still cannot represent, said here:
   cores every 128 elements, §3.3.2, are overlapped "without introducing substantial overhead");
 - DualPipe keeps two copies of the parameters (§3.2.1, Table 2), not counted in memory;
 - the published figure is a whole run's GPU-hours (restarts, evaluation, checkpoints), the
-  estimate a step's.
+  estimate a step's;
+- DeepSeek-V3 drops no token (§2.1.2), so its busiest expert gets the planner's dropless
+  factor, calibrated on Qwen3-235B's auxiliary-loss routing; the report's auxiliary-loss-free
+  balancing may do better, which would make the planner faster still.
 Each makes the planner faster than the report, the side it errs on.
 
 Megatron-Core's MoE model zoo (yanring/Megatron-MoE-ModelZoo 798dfb5, 2026-05-13,
@@ -48,6 +54,13 @@ the experts' activation function) is timed as none, as for DeepSeek-V3. Megatron
   path at 16 to 32 experts a rank) is not in the planner, a guess, not a measurement.
 The rule book refuses 94 layers over 32 and 96 virtual stages (not whole); Megatron places them
 unevenly; the planner times them as ceil(94 / pp) layers a stage.
+
+The same readme's "Long Context" table (H100, DeepEP, bf16, 32 nodes, TP 4, PP 8, VPP 4, EP 8,
+global batch 256, no all-to-all overlap; its command recomputes the norms and the MoE layers)
+gives each length's TFLOPS a GPU with forced balance and dropless: their ratio is the
+step-time cost of real routing's imbalance. The planner's ratio comes from the busiest
+rank's expert rows only (`moe_cost.routed_rows`), timed with full recomputation (the closest
+it has to recomputing the MoE layers); `implied_imbalance` finds the factor that matches a row.
 """
 
 from dataclasses import dataclass, replace
@@ -133,3 +146,35 @@ def deepseek_v3(run=DEEPSEEK_V3_RUN):
             "planner": gpu_hours_per_t_tokens(found["planner"], run),
             "published": gpu_hours_per_t_tokens(run.step_time, run), "error": found["error"],
             "plain": gpu_hours_per_t_tokens(plain.step_time, run)}
+
+
+# (sequence length, cp, TFLOPS a GPU with forced balance, dropless): ZOO's "Long Context" table
+LONG_CONTEXT = [(16384, 1, 295, 237), (32768, 2, 335, 277), (65536, 4, 368, 320),
+                (131072, 8, 389, 357)]
+
+
+def dropless_slowdown(seq_len, cp, imbalance=None):
+    """The planner's step time dropless over forced balance for a `LONG_CONTEXT` row: the
+    spec's capacity factor 1 (each expert its share) against `imbalance` x the mean, given as
+    a capacity factor (the busiest rank's E/ep experts at ceil(c k N / E) rows each, lesson
+    09's `capacity`), or the planner's `DROPLESS_IMBALANCE` when None."""
+    L = Layout(256 // (4 * cp * 8), 4, 8, zero_stage=1, micro_batches=8 * 4 * cp,
+               recompute="full", interleave=4, cp=cp, ep=8)
+    times = [moe_estimate(Workload(replace(QWEN3_235B, seq_len=seq_len, capacity_factor=c),
+                                   seq_len, 256 * seq_len, mlp="fused"),
+                          L, Cluster(gpu("h100"), 256), Recipe(dispatcher="deepep")).step_time
+             for c in (1.0, imbalance)]
+    return times[1] / times[0]
+
+
+def implied_imbalance(seq_len, cp, balanced_tflops, dropless_tflops):
+    """The busiest-against-mean factor at which the planner's `dropless_slowdown` is the
+    published one (TFLOPS balanced / dropless), by bisection between 1 and 4."""
+    low, high = 1.0, 4.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        if dropless_slowdown(seq_len, cp, middle) < balanced_tflops / dropless_tflops:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
