@@ -134,6 +134,7 @@ def test_routed_rows_active_flops_and_imbalance(config):
         assert rows == config.n_experts // ep * cap
     else:
         assert rows == config.top_k * tokens * moe_cost.DROPLESS_IMBALANCE
+        assert moe_cost.routed_rows(spec, tokens, 1) == config.top_k * tokens  # one rank
     s = config.seq_len
     assert moe_cost.active_flops_per_token(spec, s) == \
         6 * params_per_token(config)["active"] + 12 * config.n_layers * config.hidden * s

@@ -89,11 +89,12 @@ def routed_rows(spec, tokens, ep=1):
     """Rows the E/ep experts of the busiest of ep ranks receive when each rank routes `tokens`
     tokens (k copies of each): with a capacity factor, each expert at most lesson 09's
     `capacity` of the group's ep x tokens; dropless, the mean k x tokens times
-    DROPLESS_IMBALANCE."""
+    DROPLESS_IMBALANCE once the experts are spread (at ep 1 the one rank computes exactly
+    the k x tokens rows, however they fall among its experts)."""
     if spec.capacity_factor:
         cap = capacity(spec.capacity_factor, ep * tokens, spec.top_k, spec.n_experts)
         return spec.n_experts // ep * cap
-    return spec.top_k * tokens * DROPLESS_IMBALANCE
+    return spec.top_k * tokens * (DROPLESS_IMBALANCE if ep > 1 else 1)
 
 
 def routed_activation_bytes(spec, tokens, ep=1, mlp="eager"):
