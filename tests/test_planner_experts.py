@@ -46,10 +46,13 @@ def test_ep_on_a_dense_model_and_in_the_combined_grid_are_refused():
         RankGrid(dp=2, ep=0)
 
 
-@pytest.mark.parametrize("ep,needle", [("0", "--ep takes"), ("two", "--ep takes"),
-                                       ("2", "has no experts")])
-def test_plan_gives_a_bad_ep_one_line(capsys, ep, needle):
-    code = main(["plan", "--model", "llama-2-7b", "--gpus", "8", "--tokens-per-step", "1M",
+@pytest.mark.parametrize("name,ep,needle", [
+    ("llama-2-7b", "0", "--ep takes"), ("llama-2-7b", "two", "--ep takes"),
+    ("llama-2-7b", "2", "has no experts"),
+    ("mixtral-8x7b", "3", "ep 3 does not divide the 8 experts (8 / 3 = 2.66667): every rank "
+     "holds E/ep whole experts; try ep in [1, 2, 4, 8]")])
+def test_plan_gives_a_bad_ep_one_line(capsys, name, ep, needle):
+    code = main(["plan", "--model", name, "--gpus", "256", "--tokens-per-step", "1M",
                  "--ep", ep])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and needle in err, err
@@ -74,10 +77,12 @@ COURSE_MOES = [MOE, MoEConfig(vocab_size=50, seq_len=12, hidden=24, n_layers=4, 
 
 
 @pytest.mark.parametrize("name,total,active", [("mixtral-8x7b", 46.7e9, 12.9e9),
-                                               ("deepseek-v3", 671e9, 37e9)])
+                                               ("deepseek-v3", 671e9, 37e9),
+                                               ("qwen3-235b-a22b", 235e9, 22e9)])
 def test_the_catalogue_counts_the_published_totals_and_active_parameters(name, total, active):
-    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B) and the
-    DeepSeek-V3 report's abstract (671B, 37B activated), within 1.5%."""
+    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B), the
+    DeepSeek-V3 report's abstract (671B, 37B activated) and Qwen3-235B-A22B's name (235B
+    total, 22B activated), within 1.5%."""
     spec = model(name)
     split = moe_params(spec)
     assert split["experts"] + split["dense"] == pytest.approx(total, rel=0.015)
@@ -129,6 +134,7 @@ def test_routed_rows_active_flops_and_imbalance(config):
         assert rows == config.n_experts // ep * cap
     else:
         assert rows == config.top_k * tokens * moe_cost.DROPLESS_IMBALANCE
+        assert moe_cost.routed_rows(spec, tokens, 1) == config.top_k * tokens  # one rank
     s = config.seq_len
     assert moe_cost.active_flops_per_token(spec, s) == \
         6 * params_per_token(config)["active"] + 12 * config.n_layers * config.hidden * s
@@ -172,13 +178,48 @@ def test_plan_ranks_mixtral_with_the_ep_asked_for(capsys):
 
 def test_deepseek_v3s_published_layout_is_valid_and_its_speed_bracketed():
     """Held out (`published_moe.py`): the report's PP16 x EP64 x ZeRO-1 DP layout passes the
-    rule book and fits on 2,048 H800s; the planner's bf16, all-to-alls-exposed estimate is above
-    the published 180K GPU-hours per trillion tokens and its FP8-rate, all-to-alls-hidden bound
-    below it (a miss of the issue's 25%, said in the module)."""
+    rule book and fits on 2,048 H800s (with full recomputation); run as the report ran it
+    (FP8, DualPipe, node-limited DeepEP dispatch overlapped) the planner is within 25% of the
+    published 180K GPU-hours a trillion tokens; plainly (bf16, 1F1B, all-to-alls exposed) it
+    is far slower than the report."""
     from dlcourse.planner.published_moe import deepseek_v3
     found = deepseek_v3()
-    assert found["problems"] == [] and found["fits"]
-    assert found["lower"] < found["published"] < found["planner"]
+    assert found["problems"] == [] and found["fits_full_recompute"]
+    assert abs(found["error"]) < 0.25
+    assert found["planner"] < found["published"] < found["plain"] / 2
+
+
+def test_the_published_moe_runs_within_25_percent_or_a_documented_miss():
+    """Every run of `published_moe.RUNS` is within 25% of its published step time, or says
+    why it misses; at least three (DeepSeek-V3 and two of Megatron-Core's) are within."""
+    from dlcourse.planner.published_moe import RUNS, held_against
+    found = [held_against(run) for run in RUNS]
+    within = [f for f in found if abs(f["error"]) < 0.25]
+    assert all(f["miss"] for f in found if f not in within), found
+    assert not any(f["miss"] for f in within) and len(within) >= 3
+
+
+def test_node_limited_dispatch_sends_one_copy_a_node():
+    """`network_copies`: M of n nodes, (n - 1) M / n of them other, with node-limited routing;
+    uniform routing without it, checked against counting every k-subset of the experts."""
+    import itertools
+    from dlcourse.planner.catalog import DEEPSEEK_V3
+    assert moe_cost.network_copies(DEEPSEEK_V3, 64, 8) == 7 * 4 / 8
+    assert moe_cost.network_copies(DEEPSEEK_V3, 8, 8) == 0
+    spec = from_config(MoEConfig(vocab_size=64, seq_len=16, hidden=32, n_layers=2, n_heads=4,
+                                 n_experts=8, top_k=3))
+    # ep 8 on 4 nodes of 2 GPUs: node j holds experts 2j and 2j + 1; the token's is node 0
+    subsets = list(itertools.combinations(range(8), 3))
+    other = sum(len({e // 2 for e in c} - {0}) for c in subsets) / len(subsets)
+    assert moe_cost.network_copies(spec, 8, 2) == pytest.approx(other, rel=1e-12)
+
+
+def test_score_flops_follow_the_head_dims():
+    """A spec with `head_dims` (h / H, h / H) counts the dense convention's 12 L h s."""
+    spec = model("mixtral-8x7b")
+    d = spec.hidden // spec.n_heads
+    assert moe_cost.score_flops_per_token(replace(spec, head_dims=(d, d)), 4096) == \
+        moe_cost.score_flops_per_token(spec, 4096) == 12 * 32 * 4096 * 4096
 
 
 def test_the_transient_layer_is_as_wide_as_the_routed_rows():
@@ -194,3 +235,99 @@ def test_the_transient_layer_is_as_wide_as_the_routed_rows():
     expected = round(config.n_experts // 2 * cap / tokens * 40) + 2 * 40
     assert routed_width(Workload(spec, config.seq_len, 8 * config.seq_len), L) == \
         max(expected, 4 * config.hidden)
+
+
+# --- what a published run did beyond its layout (`moe_cost.Recipe`) ---
+
+from dlcourse.planner.moe_cost import Recipe  # noqa: E402
+from dlcourse.planner import moe_estimate as moe_est  # noqa: E402
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_deepep_inside_a_node_sends_lesson_09s_bytes_over_nvlink(config):
+    """One node: no copy crosses the network, and DeepEP's NVLink part is lesson 09's
+    `all_to_all_formula`, four times a MoE layer, at NVLink's rate (plus 4 (ep - 1) alphas)."""
+    spec, cluster = from_config(config), Cluster(gpu("h100"), 8)
+    L = Layout(4, 1, 1, micro_batch=3, micro_batches=2, ep=4)
+    alpha, bw = cluster.link(4)
+    per_layer = 4 * all_to_all_formula(config, 3, 4, itemsize=2) / bw + 4 * 3 * alpha
+    assert moe_cost.deepep_seconds(spec, L, config.seq_len, cluster) == pytest.approx(
+        per_layer * len(config.moe_blocks) * 2, rel=1e-12)
+    assert moe_cost.network_copies(spec, 4, 8) == 0
+
+
+def test_deepep_across_nodes_is_the_slower_of_its_two_links():
+    """DeepSeek-V3's ep 64 over 8 nodes: 3.5 copies a token over InfiniBand against k (g-1)/g
+    = 7 on NVLink; the dispatch and the gradients to the experts in FP8 (1 byte), the two
+    combines bf16 (report §3.3.3)."""
+    from dlcourse.planner.published_moe import DEEPSEEK_V3_RUN as run
+    spec, L, cluster = run.work.model, run.layout, run.cluster
+    tokens = 4096
+    net = 3.5 * tokens * spec.hidden * (2 * 1 + 2 * 2) / cluster.gpu.inter_bw
+    nvl = 8 * 7 / 8 * tokens * spec.hidden * (2 * 1 + 2 * 2) / cluster.gpu.intra_bw
+    layers = max(len(set(moe_cost.stage_layers(spec, L, s)) & set(spec.moe_blocks))
+                 for s in range(L.pp))
+    alpha = cluster.gpu.inter_alpha
+    assert moe_cost.deepep_seconds(spec, L, 4096, cluster, fp8=True) == pytest.approx(
+        (max(net, nvl) + 4 * 63 * alpha) * layers * L.micro_batches, rel=1e-12)
+
+
+def test_fp8_halves_the_linear_layers_not_the_attention_scores():
+    from dlcourse.planner.layouts import Workload
+    spec = model("mixtral-8x7b")
+    work, g = Workload(spec, 4096, 4096 * 64), gpu("h100")
+    L = Layout(8, 1, 1, zero_stage=1, micro_batches=8, ep=8)
+    dense, experts = moe_est.matmul_seconds(work, L, g, Recipe())
+    dense8, experts8 = moe_est.matmul_seconds(work, L, g, Recipe(fp8=True))
+    assert experts8 == pytest.approx(experts / 2, rel=1e-12)
+    scores = moe_cost.score_flops_per_token(spec, 4096) * (1 + 1 / 6)  # FA-2's recomputed QK^T
+    share = scores / (scores + 6 * active_params(spec) - 6 * 32 * 2 * 3 * 4096 * 14336)
+    assert dense8 / dense == pytest.approx(share + (1 - share) / 2, rel=1e-9)
+
+
+def test_dualpipe_bubble_is_the_reports_table_2():
+    """(p/2 - 1)(F&B + B - 3W) with F&B = F + B, B = 2F, W = F: 2F (p/2 - 1) idle beside 3mF;
+    1F1B's (p - 1)(F + B) = 3F (p - 1), lesson 06's formula."""
+    L = Layout(128, 1, 16, micro_batches=120, ep=64)
+    assert moe_est.bubble_of(L, Recipe(schedule="dualpipe")) == 14 / (360 + 14)
+    assert moe_est.bubble_of(L, Recipe()) == pytest.approx(45 / (360 + 45))
+    with pytest.raises(ValueError, match="schedule"):
+        Recipe(schedule="zero bubble")
+
+
+def test_an_overlap_exposes_only_what_outlasts_the_compute():
+    from dlcourse.planner.layouts import Workload
+    spec, cluster = model("mixtral-8x7b"), Cluster(gpu("h100"), 64)
+    work = Workload(spec, 4096, 4096 * 256)
+    L = Layout(16, 1, 4, zero_stage=1, micro_batches=16, recompute="full", ep=8)
+    plain = moe_est.moe_estimate(work, L, cluster, Recipe(dispatcher="deepep"))
+    hidden = moe_est.moe_estimate(work, L, cluster,
+                                  Recipe(dispatcher="deepep", overlap=True, comm_sm_share=0.25))
+    assert hidden.ep_time == max(0.0, plain.ep_time - hidden.compute_time) == 0.0
+    assert hidden.compute_time == pytest.approx(plain.compute_time / 0.75)
+
+
+@pytest.mark.parametrize("config", COURSE_MOES)
+def test_elementwise_traffic_is_the_dense_convention_on_the_moe_layer(config):
+    """3 passes (4 with full recomputation) over what one layer saves without recomputation,
+    for each layer of the stage and micro-batch, at the GPU's memory bandwidth."""
+    from dlcourse.planner.layouts import Workload
+    spec, g = from_config(config), gpu("h100")
+    work = Workload(spec, config.seq_len, 8 * config.seq_len)
+    for recompute, passes in (("none", 3), ("full", 4)):
+        L = Layout(4, 1, 1, micro_batch=2, micro_batches=1, recompute=recompute, ep=2)
+        stored = moe_est.layer_bytes(work, replace(L, recompute="none"))
+        assert moe_est.elementwise_seconds(work, L, g) == \
+            stored * passes * config.n_layers / g.hbm_bw
+
+
+def test_the_dropless_imbalance_is_calibrated_on_one_published_pair_and_holds_on_three():
+    """`DROPLESS_IMBALANCE` is the factor at which the planner's dropless step over its
+    balanced one is Megatron-Core's 16K row (295 / 237 TFLOPS), to its rounding; the 32K,
+    64K and 128K rows, held out, come within 5% of their published ratios."""
+    from dlcourse.planner.published_moe import LONG_CONTEXT, dropless_slowdown, implied_imbalance
+    first, *held_out = LONG_CONTEXT
+    assert implied_imbalance(*first) == pytest.approx(moe_cost.DROPLESS_IMBALANCE, abs=0.05)
+    for seq_len, cp, balanced, dropless in held_out:
+        assert dropless_slowdown(seq_len, cp) == pytest.approx(balanced / dropless, rel=0.05)
+    assert dropless_slowdown(16384, 1, 1.0) == 1.0  # balanced against itself

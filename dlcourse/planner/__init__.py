@@ -24,7 +24,7 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
     moe_cost.py    what experts add (lesson 09): state over the expert-data-parallel ranks,
                    routed rows and activations, active FLOPs, the all-to-alls, load imbalance
     moe_estimate.py  an Estimate of an MoE layout from the dense terms and moe_cost's
-    published_moe.py  DeepSeek-V3's pre-training held against the planner (held out, a miss)
+    published_moe.py  DeepSeek-V3 and Qwen3-235B runs held against the planner (held out)
     published_runs.py  published runs (Megatron-LM, torchtitan, BLOOM, Llama 3), with sources
                    and each run's role: calibration or held out
     published.py   the planner checked against them; the spread of its errors is the band on

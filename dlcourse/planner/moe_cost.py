@@ -8,6 +8,8 @@
     active_flops_per_token(spec)   # 6 x active parameters + the attention scores' 12 L h s
     all_to_all_bytes / _seconds    # lesson 09's k b s h (ep-1)/ep, four times a layer
     expert_seconds(...)            # the experts' matmuls on the busiest rank
+    Recipe(...)                    # how the step is run beyond its layout (FP8, overlap, DeepEP)
+    network_copies / deepep_seconds  # one copy a node over the network (DeepEP, DeepSeek-V3)
 
 Where the experts live (torchtitan b5bcd76, 2026-08-21, distributed/parallel_dims.py; the grid's
 `RankGrid.ep`): ep ranks borrowed from dp x cp x tp, innermost, each holding E/ep whole experts
@@ -20,11 +22,11 @@ Tokens a rank routes: each of its b x s / cp tokens is cut over the tp ranks bef
 dispatch (torchtitan's TP + EP, Megatron-LM's sequence parallel with experts), so a rank sends
 k x b x s / (cp tp) rows. Load imbalance (`routed_rows`): the busiest rank's experts receive
 at most the capacity when a capacity factor c caps them (ceil(c k N / E) each, lesson 09's
-`capacity`), else DROPLESS_IMBALANCE times the mean, an assumption stated below.
+`capacity`), else DROPLESS_IMBALANCE times the mean, calibrated on a published pair (below).
 """
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from dlcourse.memory.accounting import model_state_bytes
 from dlcourse.moe import capacity
@@ -32,11 +34,13 @@ from dlcourse.parallel.expert.measure import all_to_all_formula, all_to_all_time
 from dlcourse.planner.moe_spec import active_params, attention_params, mlp_params
 
 BYTES = 2  # bf16 parameters, gradients and activations (the planner's `timing.BYTES`)
-# The busiest expert against the mean when nothing caps it. Assumed, not measured: Switch
-# Transformer (Fedus et al. 2022, §2.2, Table 1) budgets 1.25x the mean (capacity factor 1.25)
-# as the slack its experts need; DeepSeek-V3's auxiliary-loss-free balancing (report §2.1.2)
-# publishes no figure. Not yet calibrated against a published run.
-DROPLESS_IMBALANCE = 1.25
+# The busiest expert's rows against the mean when nothing caps them. Calibrated: the factor
+# at which the planner's dropless step over its balanced one is Megatron-Core's measured
+# ratio for Qwen3-235B at 16K tokens on 256 H100s, 295 / 237 TFLOPS (`published_moe`:
+# `implied_imbalance` finds 1.93; the 32K to 128K rows held out). Switch Transformer (Fedus
+# et al. 2022, §2.2) budgeted 1.25 (capacity factor 1.25), which real routing exceeds.
+# DeepSeek-V3's auxiliary-loss-free balancing (report §2.1.2) publishes no figure.
+DROPLESS_IMBALANCE = 1.9
 
 
 def stage_layers(spec, L, stage):
@@ -85,11 +89,12 @@ def routed_rows(spec, tokens, ep=1):
     """Rows the E/ep experts of the busiest of ep ranks receive when each rank routes `tokens`
     tokens (k copies of each): with a capacity factor, each expert at most lesson 09's
     `capacity` of the group's ep x tokens; dropless, the mean k x tokens times
-    DROPLESS_IMBALANCE."""
+    DROPLESS_IMBALANCE once the experts are spread (at ep 1 the one rank computes exactly
+    the k x tokens rows, however they fall among its experts)."""
     if spec.capacity_factor:
         cap = capacity(spec.capacity_factor, ep * tokens, spec.top_k, spec.n_experts)
         return spec.n_experts // ep * cap
-    return spec.top_k * tokens * DROPLESS_IMBALANCE
+    return spec.top_k * tokens * (DROPLESS_IMBALANCE if ep > 1 else 1)
 
 
 def routed_activation_bytes(spec, tokens, ep=1, mlp="eager"):
@@ -108,10 +113,20 @@ def routed_activation_bytes(spec, tokens, ep=1, mlp="eager"):
     return rows + router + shared
 
 
+def score_flops_per_token(spec, seq_len):
+    """The attention scores' forward and backward FLOPs of one token, no causal halving (the
+    planner's dense convention): QK^T and PV are 2 s (d_qk + d_v) a head forward, 3x that in
+    training, 6 L s H (d_qk + d_v); 12 L h s when a head is h / H wide, `head_dims` else."""
+    if spec.head_dims is None:
+        return 12 * spec.n_layers * spec.hidden * seq_len
+    d_qk, d_v = spec.head_dims
+    return 6 * spec.n_layers * seq_len * spec.n_heads * (d_qk + d_v)
+
+
 def active_flops_per_token(spec, seq_len):
     """6 x the active parameters (lesson 09's `params_per_token`["active"], about 6 FLOPs each
-    in training) + 12 L h s for the attention scores (the planner's dense convention)."""
-    return 6 * active_params(spec) + 12 * spec.n_layers * spec.hidden * seq_len
+    in training) + the attention scores' (`score_flops_per_token`)."""
+    return 6 * active_params(spec) + score_flops_per_token(spec, seq_len)
 
 
 def rank_tokens(L, seq_len):
@@ -147,3 +162,63 @@ def expert_seconds(spec, L, seq_len, gpu):
     flops = 6 * rows * mlp_params(spec, spec.moe_ffn)
     layers = max(len(set(stage_layers(spec, L, s)) & set(spec.moe_blocks)) for s in range(L.pp))
     return flops * layers * L.micro_batches / (gpu.peak_flops * gpu.matmul_efficiency)
+
+
+DISPATCHERS = ("a2a", "deepep")
+SCHEDULES = ("1f1b", "dualpipe")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How an MoE step is run beyond its layout; the default is lesson 09's plain all-to-all
+    in bf16 on the critical path. Each field is something a published run did:"""
+    dispatcher: str = "a2a"  # "a2a": every routed copy is its own message (lesson 09);
+    #   "deepep": one copy a destination node over the network, fanned out there on NVLink
+    #   (DeepSeek-V3 report §3.2.2; deepseek-ai/DeepEP; Megatron-Core's "flex" dispatcher)
+    overlap: bool = False  # the all-to-alls hidden behind another micro-batch's compute
+    #   (DualPipe, report §3.2.1; Megatron-Core's --overlap-moe-expert-parallel-comm)
+    comm_sm_share: float = 0.0  # SMs the communication kernels hold while overlapping:
+    #   the compute runs on the rest (report §3.2.2: 20 of the H800's 132)
+    fp8: bool = False  # the linear layers' GEMMs in FP8 at twice the bf16 rate (report §3.3.1:
+    #   "theoretically doubles"; attention, embedding, head, router and norms stay bf16), the
+    #   dispatch and the gradient sent back to the experts in FP8, both combines bf16 (§3.3.3)
+    schedule: str = "1f1b"  # or "dualpipe": (p/2 - 1)(F&B + B - 3W) idle (report Table 2;
+    #   deepseek-ai/DualPipe 030ce43 README)
+
+    def __post_init__(self):
+        if self.dispatcher not in DISPATCHERS or self.schedule not in SCHEDULES:
+            raise ValueError(f"Recipe: dispatcher in {DISPATCHERS}, schedule in {SCHEDULES}")
+
+
+def network_copies(spec, ep, gpus_per_node):
+    """Copies of one token the network carries in one dispatch when each goes once to each
+    other node holding one of its experts (the ep ranks on n = ep / gpus_per_node nodes, each
+    node E / n experts): routing uniform, a node is missed by all k experts with probability
+    C(E - E/n, k) / C(E, k), so (n - 1)(1 - that) other nodes; node-limited routing
+    (`route_nodes` M) picks M of the n nodes, (n - 1) M / n of them other."""
+    n = max(1, ep // gpus_per_node)
+    if n == 1:
+        return 0.0
+    if spec.route_nodes:
+        return (n - 1) * min(spec.route_nodes, n) / n
+    E, k = spec.n_experts, spec.top_k
+    return (n - 1) * (1 - math.comb(E - E // n, k) / math.comb(E, k))
+
+
+def deepep_seconds(spec, L, seq_len, cluster, fp8=False):
+    """The step's four all-to-alls a MoE layer with DeepEP-style dispatch: the network part,
+    `network_copies` x h values a token; the NVLink part, the k copies fanned out inside
+    the node ((g - 1)/g of them leave a GPU); the slower of the two, as they run at once.
+    With `fp8` the forward dispatch and its backward twin (the gradients before the experts'
+    down-projections) send 1 byte a value, the two combines bf16."""
+    if L.ep == 1:
+        return 0.0
+    tokens, g = rank_tokens(L, seq_len), min(L.ep, cluster.gpus_per_node)
+    byte_sum = 2 * (1 if fp8 else BYTES) + 2 * BYTES  # four all-to-alls' bytes a value
+    net = network_copies(spec, L.ep, cluster.gpus_per_node) * tokens * spec.hidden * byte_sum
+    nvl = spec.top_k * (g - 1) / g * tokens * spec.hidden * byte_sum
+    alpha, _ = cluster.link(L.ep)
+    one_layer = max(net / cluster.gpu.inter_bw, nvl / cluster.gpu.intra_bw) + 4 * (
+        L.ep - 1) * alpha
+    layers = max(len(set(stage_layers(spec, L, s)) & set(spec.moe_blocks)) for s in range(L.pp))
+    return one_layer * layers * L.micro_batches

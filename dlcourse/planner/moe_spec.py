@@ -18,7 +18,12 @@ may give `attention_params` (one layer's attention weights, counted from the mod
 the counts here use it. The rest of the planner (activations, FLOPs of the scores) still sees
 attention as n_heads heads of h / n_heads with kv_heads K/V heads: for DeepSeek-V3 that is
 MLA's 128 heads at 7168 / 128 = 56 wide against its real 192-wide queries and keys and
-128-wide values, an undercount of the attention's activations and score FLOPs, said here.
+128-wide values, an undercount of the attention's activations, said here. The score FLOPs
+use `head_dims` when a spec gives them (`moe_cost.score_flops_per_token`).
+
+`route_nodes` is DeepSeek-V3's node-limited routing (report §2.1.2: each token to experts on
+at most M = 4 nodes; config_671B.json's n_limited_groups): the network carries one copy of a
+token to each of those nodes at most (`moe_cost.network_copies`).
 """
 
 from dataclasses import dataclass
@@ -36,6 +41,8 @@ class MoESpec(ModelSpec):
     moe_every: int = 1  # of the rest, every moe_every-th is MoE (lesson 09's MoEConfig)
     capacity_factor: float = None  # None: dropless; else capacity ceil(c k N / E) (moe.py)
     attention_params: int = None  # one layer's attention weights, when not q/k/v/o (MLA)
+    head_dims: tuple = None  # (query/key, value) width of a head, when not h / n_heads
+    route_nodes: int = None  # node-limited routing: each token to at most this many nodes
 
     def __post_init__(self):
         for name in ("n_experts", "top_k", "moe_ffn"):

@@ -1,38 +1,78 @@
 """Published mixture-of-experts runs, held against the planner (lesson 09's planner; issue 34).
-Held out: nothing here calibrates anything (the planner's one calibrated constant is
-`calibration.py`'s, from dense runs).
+Calibration: one published pair sets one constant, `moe_cost.DROPLESS_IMBALANCE`, the busiest
+expert's rows against the mean when nothing caps them: Megatron-Core's Qwen3-235B at 16K
+tokens, dropless against forced balance (`LONG_CONTEXT`'s first row, `implied_imbalance`);
+its other three rows are held out (`dropless_slowdown`), and so are all the runs of `RUNS`.
+The dense planner's calibrated constant is `calibration.py`'s, from a dense layer; what each
+run did beyond its layout is its `Recipe` (`moe_cost.py`), read from its source, not fitted.
 
 DeepSeek-AI 2024, "DeepSeek-V3 Technical Report": 2,048 H800 GPUs, 8 a node on NVLink/NVSwitch,
 InfiniBand across (§3.1; §3.2.2: "IB (50 GB/s)", "NVLink (160 GB/s)"); 16-way pipeline
 (DualPipe), 64-way expert parallelism over 8 nodes, ZeRO-1 data parallelism, no tensor
 parallelism (§3.2); 4,096-token sequences, a batch of 15,360 of them after the ramp (§4.2);
 "180K H800 GPU hours" for each trillion tokens (§1; Table 1). The H800 here is an H100 SXM
-(same 989 TFLOPS bf16, HBM and memory) with the report's link rates; the report's rates are
-what it measured, not the datasheet's.
+(same 989 TFLOPS bf16, HBM and memory) with the report's link rates. Its recipe, each from
+the report: the linear layers' GEMMs and the dispatch in FP8 (§3.3); DualPipe's bubble (Table
+2) and its overlap of the all-to-alls with computation (§3.2.1: cross-node EP's
+"computation-to-communication ratio of approximately 1:1", "fully hidden"), 20 of the 132 SMs
+kept for communication (§3.2.2); tokens sent once over IB to each of at most 4 nodes and
+forwarded on NVLink (§2.1.2, §3.2.2: the catalogue's `route_nodes`,
+`Recipe(dispatcher="deepep")`). Read in a copy of the report's arXiv HTML (v2) on 2026-11-29.
+What the planner still cannot represent, said here:
+- the report recomputes only RMSNorm and MLA's up-projections (§3.2.3) and caches activations
+  in FP8 (§3.3.3); the planner times it as no recomputation (the up-projections are about 2%
+  of the FLOPs, left out) and counts memory in bf16: 174 GB a GPU, so its memory check is
+  made with full recomputation (`fits_full_recompute`), which fits;
+- the multi-token-prediction module (§2.2: one more MoE block and the head again, about 4%
+  more FLOPs) is left out, and the FP8 GEMMs are taken at exactly twice the bf16 sustained
+  rate (the report's "theoretically doubles"; its fine-grained scaling and promotion to CUDA
+  cores every 128 elements, §3.3.2, are overlapped "without introducing substantial overhead");
+- DualPipe keeps two copies of the parameters (§3.2.1, Table 2), not counted in memory;
+- the published figure is a whole run's GPU-hours (restarts, evaluation, checkpoints), the
+  estimate a step's;
+- DeepSeek-V3 drops no token (§2.1.2), so its busiest expert gets the planner's dropless
+  factor, calibrated on Qwen3-235B's auxiliary-loss routing; the report's auxiliary-loss-free
+  balancing may do better, which would make the planner faster still.
+Each makes the planner faster than the report, the side it errs on.
 
-What the planner cannot represent, so the run is a miss and said as one (`deepseek_v3`):
-- FP8 GEMMs (§3.3: Fprop, Dgrad and Wgrad in FP8, twice the bf16 rate) and FP8 caching of the
-  activations and of the dispatched tokens (§3.3.3); the planner is bf16 throughout;
-- DualPipe overlaps the all-to-alls with computation (§3.2.1: "fully overlapped"); the planner
-  leaves them on the critical path;
-- node-limited routing (§2.1.2: each token to at most 4 nodes, sent once over IB a node and
-  forwarded over NVLink, §3.2.2); the planner sends k copies over the slower link;
-- recomputation of RMSNorm and MLA's up-projections only (§3.2.3); the planner offers none or
-  full for an MoE, and full is what fits: with none, 174 GB a GPU, FP8 caching left out.
-Its two estimates bracket the report: bf16, all-to-alls exposed (the planner as it is) is the
-upper bound; its matmuls at twice the rate and the all-to-alls hidden is the lower. As read
-on 2026-11-29: 386K GPU-hours a trillion tokens predicted (+115%), 109K for the lower bound
-(-40%), 180K published: outside the issue's 25%, not used to calibrate.
+Megatron-Core's MoE model zoo (yanring/Megatron-MoE-ModelZoo 798dfb5, 2026-05-13,
+best_practice/qwen3/readme.md, "Performance Results", H100): Qwen3-235B-A22B on 256 H100s
+(NVLink 4, "InfiniBand 8x50 GB/s"), bf16, 4,096-token sequences, global batch 2,048, micro-
+batch 1, the step time in seconds of each row. The reference command of those rows
+(best_practice/qwen3/run_h100_235b.sh) forces balanced routing
+(--moe-router-force-load-balancing): the runs here give the spec a capacity factor of 1,
+each expert exactly its share (lesson 09's `capacity`). Recompute "norm, act" (the norms and
+the experts' activation function) is timed as none, as for DeepSeek-V3. Megatron's
+"distributed optimizer" is ZeRO-1.
+- cross-node EP (TP 2, EP 32, PP 8, VPP 4, DP 16; DeepEP): 19.7 s; with "+1f1b overlap" (its
+  EP all-to-alls overlapped, DeepEP's 20 SMs, Megatron-Core's moe_deepep_num_sms): 17.6 s;
+- intra-node EP with the plain all-to-all dispatcher (TP 2, EP 8, PP 32, VPP 3, DP 4): 24.2 s,
+  and with DeepEP at TP 4, EP 8, PP 8, VPP 4, DP 8: 29.0 s. The planner predicts both over
+  40% faster: documented misses. Both runs have small all-to-alls inside a node and little
+  bubble, so the planner's time is almost all matmuls at the calibrated rate; what slows them
+  (TP 4's and PP 32's many small kernels, the permutation and the router on the critical
+  path at 16 to 32 experts a rank) is not in the planner, a guess, not a measurement.
+The rule book refuses 94 layers over 32 and 96 virtual stages (not whole); Megatron places them
+unevenly; the planner times them as ceil(94 / pp) layers a stage.
+
+The same readme's "Long Context" table (H100, DeepEP, bf16, 32 nodes, TP 4, PP 8, VPP 4, EP 8,
+global batch 256, no all-to-all overlap; its command recomputes the norms and the MoE layers)
+gives each length's TFLOPS a GPU with forced balance and dropless: their ratio is the
+step-time cost of real routing's imbalance. The planner's ratio comes from the busiest
+rank's expert rows only (`moe_cost.routed_rows`), timed with full recomputation (the closest
+it has to recomputing the MoE layers); `implied_imbalance` finds the factor that matches a row.
 """
 
 from dataclasses import dataclass, replace
 
-from dlcourse.planner.catalog import DEEPSEEK_V3
-from dlcourse.planner.moe_estimate import moe_estimate
+from dlcourse.planner.catalog import DEEPSEEK_V3, QWEN3_235B
 from dlcourse.planner.hardware import GB, Cluster, gpu
 from dlcourse.planner.layouts import Layout, Workload, problems
+from dlcourse.planner.moe_cost import Recipe
+from dlcourse.planner.moe_estimate import moe_estimate
 
 H800 = replace(gpu("h100"), name="h800", intra_bw=160 * GB, inter_bw=50 * GB)
+DEEPEP_SMS = 20 / 132  # DeepSeek-V3 §3.2.2; DeepEP's and Megatron-Core's default, of 132 SMs
 
 
 @dataclass(frozen=True)
@@ -41,33 +81,100 @@ class MoERun:
     work: Workload
     cluster: Cluster
     layout: Layout
-    gpu_hours_per_t_tokens: float  # published
+    recipe: Recipe
+    step_time: float  # published seconds per step (or derived from GPU-hours, `DEEPSEEK_V3_RUN`)
     source: str
+    miss: str = ""  # why the planner misses it, when it does
 
 
+def gpu_hours_per_t_tokens(step_time, run):
+    """GPU-hours to train on 10^12 tokens at one step per `step_time` seconds."""
+    return 1e12 / (run.work.batch_tokens / step_time) * run.cluster.n_gpus / 3600
+
+
+DS_TOKENS = 15360 * 4096
 DEEPSEEK_V3_RUN = MoERun(
-    "DeepSeek-V3 pre-training", Workload(DEEPSEEK_V3, 4096, 15360 * 4096), Cluster(H800, 2048),
-    Layout(128, 1, 16, zero_stage=1, micro_batch=1, micro_batches=120, recompute="full",
-           ep=64),
-    180e3, "DeepSeek-V3 Technical Report §1, §3.1-3.2, §4.2")
+    "DeepSeek-V3 pre-training, 2,048 H800", Workload(DEEPSEEK_V3, 4096, DS_TOKENS),
+    Cluster(H800, 2048),
+    Layout(128, 1, 16, zero_stage=1, micro_batch=1, micro_batches=120, ep=64),
+    Recipe(dispatcher="deepep", overlap=True, comm_sm_share=DEEPEP_SMS, fp8=True,
+           schedule="dualpipe"),
+    # 180K GPU-hours a trillion tokens on 2,048 GPUs, as seconds a step of DS_TOKENS:
+    180e3 * 3600 / 2048 * DS_TOKENS / 1e12,
+    "DeepSeek-V3 Technical Report §1, Table 1, §2.1.2, §3.1-3.3, §4.2")
+
+QWEN3 = Workload(replace(QWEN3_235B, capacity_factor=1.0), 4096, 2048 * 4096, mlp="fused")
+ZOO = "yanring/Megatron-MoE-ModelZoo 798dfb5 best_practice/qwen3/readme.md, H100 table"
+QWEN3_RUNS = [
+    MoERun("Qwen3-235B cross-node EP, DeepEP", QWEN3, Cluster(gpu("h100"), 256),
+           Layout(16, 2, 8, zero_stage=1, micro_batches=128, interleave=4, ep=32),
+           Recipe(dispatcher="deepep"), 19.7, ZOO + ", row 1"),
+    MoERun("Qwen3-235B cross-node EP, DeepEP + overlap", QWEN3, Cluster(gpu("h100"), 256),
+           Layout(16, 2, 8, zero_stage=1, micro_batches=128, interleave=4, ep=32),
+           Recipe(dispatcher="deepep", overlap=True, comm_sm_share=DEEPEP_SMS), 17.6,
+           ZOO + ", row 2"),
+    MoERun("Qwen3-235B intra-node EP, all-to-all, PP 32", QWEN3, Cluster(gpu("h100"), 256),
+           Layout(4, 2, 32, zero_stage=1, micro_batches=512, interleave=3, ep=8),
+           Recipe(), 24.2, ZOO + ", row 4", miss="small kernels at PP 32 (module docstring)"),
+    MoERun("Qwen3-235B intra-node EP, DeepEP, TP 4", QWEN3, Cluster(gpu("h100"), 256),
+           Layout(8, 4, 8, zero_stage=1, micro_batches=256, interleave=4, ep=8),
+           Recipe(dispatcher="deepep"), 29.0, ZOO + ", row 5",
+           miss="small kernels at TP 4 (module docstring)"),
+]
+RUNS = [DEEPSEEK_V3_RUN, *QWEN3_RUNS]
 
 
-def gpu_hours_per_t_tokens(e, n_gpus):
-    """GPU-hours to train on 10^12 tokens at the estimate's speed."""
-    return 1e12 / e.tokens_per_s * n_gpus / 3600
+def held_against(run):
+    """{"name", "planner": the planner's step time, "published", "error": planner /
+    published - 1, "problems": what the rule book says of the layout, "miss"}."""
+    e = moe_estimate(run.work, run.layout, run.cluster, run.recipe)
+    return {"name": run.name, "planner": e.step_time, "published": run.step_time,
+            "error": e.step_time / run.step_time - 1, "miss": run.miss,
+            "problems": problems(run.layout, run.work, run.cluster), "estimate": e}
 
 
 def deepseek_v3(run=DEEPSEEK_V3_RUN):
-    """{"problems": what the rule book says of the published layout, "planner": the planner's
-    GPU-hours per trillion tokens, "lower": the same with the matmuls at FP8's twice the rate and
-    the all-to-alls hidden, "published": the report's, "error": planner / published - 1}."""
-    e = moe_estimate(run.work, run.layout, run.cluster)
-    fast = replace(run.cluster.gpu, peak_flops=2 * run.cluster.gpu.peak_flops)
-    e_fast = moe_estimate(run.work, run.layout, replace(run.cluster, gpu=fast))
-    hidden = replace(e_fast, step_time=e_fast.step_time - e_fast.ep_time,
-                     tokens_per_s=run.work.batch_tokens / (e_fast.step_time - e_fast.ep_time))
-    planner = gpu_hours_per_t_tokens(e, run.cluster.n_gpus)
-    return {"problems": problems(run.layout, run.work, run.cluster), "fits": e.fits,
-            "planner": planner, "lower": gpu_hours_per_t_tokens(hidden, run.cluster.n_gpus),
-            "published": run.gpu_hours_per_t_tokens,
-            "error": planner / run.gpu_hours_per_t_tokens - 1}
+    """DeepSeek-V3 as the report ran it and as the planner would plainly run it: {"problems",
+    "fits_full_recompute": the memory check (module docstring), "planner" and "published":
+    GPU-hours a trillion tokens, "error", "plain": the same layout in bf16, lesson 09's
+    all-to-alls on the critical path, 1F1B, full recomputation (what the planner alone
+    would assume)}."""
+    found = held_against(run)
+    full = replace(run.layout, recompute="full")
+    plain = moe_estimate(run.work, full, run.cluster)
+    return {"problems": found["problems"], "fits_full_recompute": plain.fits,
+            "planner": gpu_hours_per_t_tokens(found["planner"], run),
+            "published": gpu_hours_per_t_tokens(run.step_time, run), "error": found["error"],
+            "plain": gpu_hours_per_t_tokens(plain.step_time, run)}
+
+
+# (sequence length, cp, TFLOPS a GPU with forced balance, dropless): ZOO's "Long Context" table
+LONG_CONTEXT = [(16384, 1, 295, 237), (32768, 2, 335, 277), (65536, 4, 368, 320),
+                (131072, 8, 389, 357)]
+
+
+def dropless_slowdown(seq_len, cp, imbalance=None):
+    """The planner's step time dropless over forced balance for a `LONG_CONTEXT` row: the
+    spec's capacity factor 1 (each expert its share) against `imbalance` x the mean, given as
+    a capacity factor (the busiest rank's E/ep experts at ceil(c k N / E) rows each, lesson
+    09's `capacity`), or the planner's `DROPLESS_IMBALANCE` when None."""
+    L = Layout(256 // (4 * cp * 8), 4, 8, zero_stage=1, micro_batches=8 * 4 * cp,
+               recompute="full", interleave=4, cp=cp, ep=8)
+    times = [moe_estimate(Workload(replace(QWEN3_235B, seq_len=seq_len, capacity_factor=c),
+                                   seq_len, 256 * seq_len, mlp="fused"),
+                          L, Cluster(gpu("h100"), 256), Recipe(dispatcher="deepep")).step_time
+             for c in (1.0, imbalance)]
+    return times[1] / times[0]
+
+
+def implied_imbalance(seq_len, cp, balanced_tflops, dropless_tflops):
+    """The busiest-against-mean factor at which the planner's `dropless_slowdown` is the
+    published one (TFLOPS balanced / dropless), by bisection between 1 and 4."""
+    low, high = 1.0, 4.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        if dropless_slowdown(seq_len, cp, middle) < balanced_tflops / dropless_tflops:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
