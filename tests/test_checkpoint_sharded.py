@@ -81,7 +81,8 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_tensor(tmp_path):
         dlcourse.launch(load_job, str(tmp_path / "nowhere"), cfg, world_size=2)
     assert issubclass(CheckpointError, RuntimeError)
     # the same checkpoint read here, without ranks: each difference named in its one line
-    name, entry = next((n, e) for n, e in read_metadata(path)["tensors"].items() if n != "adam_step")
+    table = read_metadata(path)["tensors"]
+    name, entry = next((n, e) for n, e in table.items() if n != "adam_step")
     shape, box = tuple(entry["shape"]), ((0,) * len(entry["shape"]), tuple(entry["shape"]))
     with pytest.raises(CheckpointError, match=rf"another model: {name} is torch.float64 in .*, "
                                               r"torch.float32 in this model$"):

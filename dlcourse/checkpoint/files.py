@@ -84,13 +84,14 @@ def read_metadata(path):
 
 
 def _not_a_checkpoint(path):
-    """The one line for a folder without metadata: a root of checkpoints, a torn save, or neither."""
+    """The one line for a folder without metadata: a root of checkpoints, a torn save, or none."""
     steps = complete_steps(path)
     if steps:
         return (f"{path!r} is a folder of checkpoints, not one checkpoint: pass latest(root) or "
                 f"one of its step folders (newest: {os.path.basename(step_dir(path, steps[-1]))})")
     if any(_RANK_FILE.match(name) for name in os.listdir(path)):
-        return f"{path!r} has no {METADATA}: the save did not finish; it is torn and must not be loaded"
+        return (f"{path!r} has no {METADATA}: the save did not finish; it is torn and must not be "
+                "loaded")
     return (f"{path!r} is not a checkpoint: no {METADATA} and no rank files; pass a step folder "
             "that save_checkpoint wrote")
 
