@@ -195,7 +195,6 @@ class Recipe:
     #   dispatch and the gradient sent back to the experts in FP8, both combines bf16 (§3.3.3)
     schedule: str = "1f1b"  # or "dualpipe": (p/2 - 1)(F&B + B - 3W) idle (report Table 2;
     #   deepseek-ai/DualPipe 030ce43 README)
-
     recompute_modules: tuple = ()  # what the run recomputes, Megatron-Core's
     #   --recompute-modules names: "layernorm", "moe_act", "mla_up_proj" (`moe_activations`)
     fp8_activations: bool = False  # Linear inputs cached in FP8 (DeepSeek-V3 §3.3.3)

@@ -61,7 +61,8 @@ script's --recompute-granularity selective --recompute-modules moe_act layernorm
 Megatron's "distributed optimizer" (model_configs/benchmarking/Qwen3-235B-A22B.yaml,
 --use-distributed-optimizer) is ZeRO-1 over dp, the experts' over EDP (the readme's column);
 with --bf16 and no --grad-reduce-in-bf16 Megatron-LM accumulates gradients in fp32
-(megatron/training/arguments.py, validate_args, read in a copy on 2026-11-29), so the state
+(NVIDIA/Megatron-LM d98e8a6, 2026-08-22, megatron/training/arguments.py: "bfloat16 requires
+gradient accumulation and all-reduce to be done in fp32", main_grads_dtype fp32), so the state
 is (2, 4, 12) bytes a parameter (`MEGATRON_STATE`); the precision-aware optimizer and
 optimizer offload are only in the script's fp8/mxfp8 and OPTIMIZER_OFFLOAD=1 branches, not
 these bf16 rows. Pipeline: the yaml sets --account-for-embedding-in-pipeline-split and
