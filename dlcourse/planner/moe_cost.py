@@ -1,10 +1,10 @@
 """What a mixture of experts adds to a layout's memory and step time (lesson 09,
 `lessons/09_experts.ipynb`; issue 34). Every term is lesson 09's own count, scaled to a layout:
 
+    chunk_ranges / stage_layers    # the layers of each (virtual) stage and pipeline rank
     stage_params(spec, L, stage)   # {"dense", "experts"} parameters on one GPU of a stage
-    state_bytes(spec, L)           # model state of the busiest GPU, each part over its group
+    state_bytes(spec, L, recipe)   # model state of the busiest GPU, each part over its group
     routed_rows(spec, tokens)      # rows the experts of a rank compute for `tokens` tokens
-    routed_activation_bytes(...)   # what one MoE layer saves for those rows, and the router's
     active_flops_per_token(spec)   # 6 x active parameters + the attention scores' 12 L h s
     all_to_all_bytes / _seconds    # lesson 09's k b s h (ep-1)/ep, four times a layer
     expert_seconds(...)            # the experts' matmuls on the busiest rank
@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from dlcourse.memory.accounting import model_state_bytes
 from dlcourse.moe import capacity
 from dlcourse.parallel.expert.measure import all_to_all_formula, all_to_all_time
+from dlcourse.planner.estimate import chunk_layers
 from dlcourse.planner.moe_spec import active_params, attention_params, mlp_params
 
 BYTES = 2  # bf16 parameters, gradients and activations (the planner's `timing.BYTES`)
@@ -43,10 +44,21 @@ BYTES = 2  # bf16 parameters, gradients and activations (the planner's `timing.B
 DROPLESS_IMBALANCE = 1.9
 
 
+def chunk_ranges(spec, L):
+    """The layer indices of each of the pipeline's pp x v (virtual) stages, in order: the
+    dense planner's `chunk_layers` (ceil(L / chunks) each, the last the remainder; with light
+    ends one layer fewer on the first and the last chunk, their slots the embedding's and the
+    loss's, as Megatron-LM's --account-for-embedding/loss-in-pipeline-split)."""
+    sizes = chunk_layers(spec.n_layers, L.pp * L.interleave, L.light_ends)
+    starts = [sum(sizes[:c]) for c in range(len(sizes))]
+    return [range(min(a, spec.n_layers), min(a + n, spec.n_layers))
+            for a, n in zip(starts, sizes)]
+
+
 def stage_layers(spec, L, stage):
-    """Indices of the layers of pipeline `stage`: ceil(L/pp) a stage, the last the remainder."""
-    per = math.ceil(spec.n_layers / L.pp)
-    return range(stage * per, min(spec.n_layers, (stage + 1) * per))
+    """Indices of the layers pipeline rank `stage` holds: its chunks stage, stage + pp, ...
+    (v = 1: ceil(L/pp) a stage, the last the remainder)."""
+    return [i for chunk in chunk_ranges(spec, L)[stage::L.pp] for i in chunk]
 
 
 def stage_params(spec, L, stage):
@@ -70,14 +82,28 @@ def stage_params(spec, L, stage):
     return {"dense": dense, "experts": experts}
 
 
-def state_bytes(spec, L):
+def state_bytes(spec, L, recipe=None):
     """Model state of the busiest GPU: the dense part's ZeRO state over dp x cp, the experts'
     over the expert-data-parallel ranks (lesson 05's (2 + 2 + 12) bytes a parameter, divided
-    as the stage says); the most of any pipeline stage."""
+    as the stage says, or `recipe.state_bytes`); the most of any pipeline rank. DualPipe
+    (`recipe.schedule`) keeps two copies of the parameters: rank r holds stages r and
+    p - 1 - r (DualPipe README's table, "Parameter Per Device 2x"), each with its state."""
+    return max(rank_state_bytes(spec, L, r, recipe) for r in range(L.pp))
+
+
+def rank_state_bytes(spec, L, rank, recipe=None):
+    """Model state on one GPU of pipeline rank `rank` (`state_bytes`)."""
+    stages = {rank, L.pp - 1 - rank} if recipe and recipe.schedule == "dualpipe" else {rank}
+    weights, grads, optimizer = recipe.state_bytes if recipe else (2, 2, 12)
+    scale = {"params": weights / 2, "grads": grads / 2, "optimizer": optimizer / 12}
     groups = {"dense": L.replicas, "experts": L.grid.expert_data_parallel}
-    return max(sum(model_state_bytes(n, dp=groups[part], zero_stage=L.zero_stage).total
-                   for part, n in stage_params(spec, L, s).items() if n)  # a stage may hold
-               for s in range(L.pp))  # no experts (DeepSeek-V3's first, dense layers)
+    total = 0
+    for s in stages:
+        for part, n in stage_params(spec, L, s).items():
+            if n:  # a stage may hold no experts (DeepSeek-V3's first, dense layers)
+                parts = model_state_bytes(n, dp=groups[part], zero_stage=L.zero_stage)
+                total += sum(getattr(parts, k) * f for k, f in scale.items())
+    return total
 
 
 def imbalance(spec):
@@ -95,22 +121,6 @@ def routed_rows(spec, tokens, ep=1):
         cap = capacity(spec.capacity_factor, ep * tokens, spec.top_k, spec.n_experts)
         return spec.n_experts // ep * cap
     return spec.top_k * tokens * (DROPLESS_IMBALANCE if ep > 1 else 1)
-
-
-def routed_activation_bytes(spec, tokens, ep=1, mlp="eager"):
-    """Bytes one MoE layer saves for backward on a rank routing `tokens` tokens, beside the
-    attention's: each routed row's expert input (h) and output (h, for the combine's weight
-    gradient), the expert MLP's ffn-wide tensors (SwiGLU: 4 eager, 3 fused; GELU: 2, as
-    `activations.py` counts them), bf16; the router's fp32 logits and probabilities (2 E a
-    token); the shared experts as a dense MLP of their width on every token."""
-    per_row = 2 * spec.hidden + (2 if not spec.gated_mlp else 4 if mlp == "eager" else 3) \
-        * spec.moe_ffn
-    rows = routed_rows(spec, tokens, ep) * per_row * BYTES
-    router = 2 * spec.n_experts * tokens * 4
-    shared_width = spec.n_shared_experts * spec.moe_ffn
-    shared = tokens * (spec.hidden + (4 if spec.gated_mlp else 2) * shared_width) * BYTES \
-        if shared_width else 0
-    return rows + router + shared
 
 
 def score_flops_per_token(spec, seq_len):
@@ -166,6 +176,7 @@ def expert_seconds(spec, L, seq_len, gpu):
 
 DISPATCHERS = ("a2a", "deepep")
 SCHEDULES = ("1f1b", "dualpipe")
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj")  # `moe_activations.RECOMPUTED`
 
 
 @dataclass(frozen=True)
@@ -184,10 +195,20 @@ class Recipe:
     #   dispatch and the gradient sent back to the experts in FP8, both combines bf16 (§3.3.3)
     schedule: str = "1f1b"  # or "dualpipe": (p/2 - 1)(F&B + B - 3W) idle (report Table 2;
     #   deepseek-ai/DualPipe 030ce43 README)
+    recompute_modules: tuple = ()  # what the run recomputes, Megatron-Core's
+    #   --recompute-modules names: "layernorm", "moe_act", "mla_up_proj" (`moe_activations`)
+    fp8_activations: bool = False  # Linear inputs cached in FP8 (DeepSeek-V3 §3.3.3)
+    state_bytes: tuple = (2, 2, 12)  # (weights, gradients, optimizer) bytes a parameter:
+    #   lesson 05's mixed precision; Megatron-LM with bf16 keeps fp32 gradients (2, 4, 12);
+    #   DeepSeek-V3 fp32 gradients, fp32 master and bf16 moments (2, 4, 8) (§3.3.3)
 
     def __post_init__(self):
         if self.dispatcher not in DISPATCHERS or self.schedule not in SCHEDULES:
             raise ValueError(f"Recipe: dispatcher in {DISPATCHERS}, schedule in {SCHEDULES}")
+        unknown = set(self.recompute_modules) - set(RECOMPUTE_MODULES)
+        if unknown:
+            raise ValueError(f"Recipe: recompute_modules {sorted(unknown)} not in "
+                             f"{RECOMPUTE_MODULES}")
 
 
 def network_copies(spec, ep, gpus_per_node):
