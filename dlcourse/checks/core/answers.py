@@ -66,7 +66,12 @@ class Answers:
         found = dict((id(o), (n, o)) for n, o in library_answers(self.packages, self.torch,
                                                                   self.private))
         for module_name, attribute in self.single:
-            obj = getattr(importlib.import_module(module_name), attribute)
+            try:
+                obj = getattr(importlib.import_module(module_name), attribute)
+            except ModuleNotFoundError as error:  # absent from a graded rank: nothing to refuse
+                if error.name != module_name:
+                    raise
+                continue
             found.setdefault(id(obj), (f"{attribute} from {module_name}", obj))
         return list(found.values())
 
@@ -114,9 +119,11 @@ class Answers:
                        **_fingerprinted(self.objects() + self.keys(), rank_side))
 
     def graded(self):
-        """What a graded rank of this set still refuses in-process: torch's answers (torch is
-        not absent from any rank) and the guards of another kind; the course's are absent."""
-        return self.but(packages=(), single=(), checks=(), allow=())
+        """What a graded rank of this set refuses in-process: this same declaration, whose walk
+        finds no absent module there (`package_modules` skips a module that does not import),
+        so what is refused is what the rank has: torch's answers, and the `rank_side` modules
+        (a lesson module a harness needs too, e.g. the catalogue's runs in lesson 10)."""
+        return self
 
     @contextlib.contextmanager
     def _refusing(self, namespaces=()):
