@@ -1,13 +1,12 @@
 """Issue 36: under `dlcourse grade` the answers are absent from a graded rank, not refused there.
 
-A set that declares its rank-side code (`Answers(rank_side=...)`: lessons 08 and 09 so far)
-has none of its answer modules in a graded rank (`dlcourse/grading/absent.py`): not in
-`sys.modules`, not in `gc`, not importable (the finder taken off `sys.meta_path` too: an audit
-hook refuses the import), their files not openable, and a copy of their text exec'd refused by
-fingerprint. Each way a student's function looks for the library's answer below finds nothing
-and fails; the solutions pass graded (`tests/test_grading_*` and the run of every solution
-notebook under nbval cover the notebook's self-check, which still refuses in-process).
-"""
+A set that declares its rank-side code (`Answers(rank_side=...)`: lessons 04, 06, 08, 09 and
+10) has none of its answer modules in a graded rank (`dlcourse/grading/absent.py`): not in
+`sys.modules`, not in `gc`, not importable (with the finder taken off `sys.meta_path` an import
+statement is refused by an audit hook, and `importlib` finds no file to load or is refused its
+`open`), and a copy of their text exec'd is refused by fingerprint. Each way a student's
+function looks for the library's answer below finds nothing and fails; the solutions pass
+graded. The notebook's self-check still refuses in-process (the checks' own tests)."""
 
 import json
 from pathlib import Path
@@ -18,7 +17,10 @@ from checking import first_line_and_hint
 from dlcourse import pickling
 from dlcourse.checks.context_parallel import check_seq_to_heads
 from dlcourse.checks.core import Submitted
-from dlcourse.checks.experts import check_dispatch_to_experts
+from dlcourse.checks.debugging import check_first_divergence
+from dlcourse.checks.experts import check_dispatch_to_experts, check_route_with_capacity
+from dlcourse.checks.pipeline import check_bubble_fraction
+from dlcourse.checks.tensor_parallel import check_column_parallel_linear
 from dlcourse.grading import absent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,3 +143,49 @@ def test_a_copy_is_told_by_its_code_whatever_its_file_name():
     changed = compile(edited, "pasted.py", "exec")  # one line of _seq_to_heads changed
     assert of != {c.co_name: absent.fingerprint(c) for c in changed.co_consts
                   if hasattr(c, "co_code")}
+
+
+def looking_for(modules):
+    """A student's function (any arguments) that looks for `modules` in its rank's memory and
+    through the import system, and says what it found: a graded rank must have none."""
+    def probe(*args, **kwargs):
+        import gc
+        import importlib
+        import sys
+        import types
+        under = lambda name: any(name == m or name.startswith(m + ".") for m in modules)  # noqa
+        found = sorted({n for n in sys.modules if under(n)} | {
+            o.__module__ for o in gc.get_objects()
+            if isinstance(o, types.FunctionType) and under(o.__module__ or "")})
+        for name in modules:
+            try:
+                importlib.import_module(name)
+                found.append(f"imported {name}")
+            except ImportError:
+                pass
+        raise LookupError(f"found {found}" if found else "found nothing")
+    return probe
+
+
+# Each covered set, one check of it, and its answer modules: the lesson's code, the references,
+# lesson 10's finders (its catalogue's runs are in the rank, refused there: `DEBUGGING`).
+SETS = {
+    "04": (check_column_parallel_linear, ("dlcourse.parallel.tensor",
+                                          "dlcourse.checks.tensor_parallel.linear")),
+    "06": (check_bubble_fraction, ("dlcourse.parallel.pipeline",
+                                   "dlcourse.checks.pipeline.schedules")),
+    "08": (check_seq_to_heads, ("dlcourse.parallel.context",
+                                "dlcourse.checks.context_parallel.reference")),
+    "09": (check_route_with_capacity, ("dlcourse.moe", "dlcourse.parallel.expert",
+                                       "dlcourse.checks.experts.reference")),
+    "10": (check_first_divergence, ("dlcourse.debug.divergence", "dlcourse.debug.compare",
+                                    "dlcourse.debug.hang", "dlcourse.parallel.tensor.grads",
+                                    "dlcourse.checks.debugging.reference")),
+}
+
+
+@pytest.mark.parametrize("lesson", SETS)
+def test_each_covered_set_s_answers_are_absent_from_its_graded_ranks(lesson):
+    check, modules = SETS[lesson]
+    first, _ = first_line_and_hint(check, graded(looking_for(modules), "probe"))
+    assert "raised LookupError: found nothing" in first, first
