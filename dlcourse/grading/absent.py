@@ -10,8 +10,10 @@ an answer module at all. Each rank, as its first act, before it unpickles its jo
   harnesses, which import no answer), whose package it loads as an empty shell (no `__init__`
   run, so nothing the package's `__init__` imports comes with it);
 - adds an audit hook (PEP 578: it cannot be removed) that refuses, for the rank's whole life,
-  the `import` of a blocked module even once the finder is taken off `sys.meta_path`, the
-  `open` of the answers' files (a symlink or `os.link` to one too), and a function made of, or
+  the `import` statement of a blocked module even once the finder is taken off `sys.meta_path`
+  (`importlib.import_module` raises no such event: it then finds no file, or is refused its
+  `open`), the `open` of the answers' files (a symlink or `os.link` to one too; a relative path
+  by the file's name, since it may be relative to a `dir_fd`), and a function made of, or
   code exec'd that holds, a copy of an answer's code: the checking process sends the rank a
   fingerprint of each answer's code (sha256 of its marshalled code, file names blanked), never
   the code itself;
@@ -93,7 +95,8 @@ def missing(name):
 
 
 def _hook(event, args, blocked=(), rank_side=(), shells=frozenset(), files=frozenset(),
-          names=frozenset(), fingerprints=frozenset(), finder=None, code_type=types.CodeType,
+          names=frozenset(), fingerprints=frozenset(), finder=None, basenames=frozenset(),
+          code_type=types.CodeType, basename=os.path.basename,
           function_type=types.FunctionType, under=_under, realpath=os.path.realpath,
           print_fingerprint=fingerprint, denied=PermissionError, not_found=ModuleNotFoundError,
           missing=missing, own=()):
@@ -111,7 +114,13 @@ def _hook(event, args, blocked=(), rank_side=(), shells=frozenset(), files=froze
             raise not_found(missing(name), name=name)
     elif event in ("open", "os.link", "os.symlink"):
         for path in (args[0], args[1]) if event != "open" else (args[0],):
-            if path.__class__ in (str, bytes) and realpath(path) in files:
+            if path.__class__ is bytes:
+                path = path.decode(errors="replace")
+            # a relative path may be relative to a folder's descriptor (`dir_fd=`), which the
+            # event does not carry: refused by the file's name alone
+            relative = path.__class__ is str and not path.startswith("/")
+            if path.__class__ is str and (realpath(path) in files
+                                          or (relative and basename(path) in basenames)):
                 raise denied(f"{event} {path!r}: the file of a module that answers the exercise "
                              "being graded; write it yourself")
     elif event in ("exec", "function.__new__"):
@@ -137,7 +146,7 @@ def install(absence):
     sys.meta_path.insert(0, finder)
     data = (tuple(absence.blocked), tuple(absence.rank_side), frozenset(absence.shells()),
             frozenset(absence.files), frozenset(absence.names), frozenset(absence.fingerprints),
-            finder)
+            finder, frozenset(os.path.basename(f) for f in absence.files))
     hook = types.FunctionType(_hook.__code__, {}, "dlcourse_absent_hook",
                               data + _hook.__defaults__[len(data):-1]
                               + ((_hook.__code__, fingerprint.__code__),))
