@@ -30,8 +30,8 @@ def ring_in_rank(student, q, kv, positions, fingerprints, start, groups):
     or the attention over a prefix, computed by the check (so that a step must merge into what
     it is given). Per step: (whose block it held, as a rank of its group; out; lse; the global
     rank whose block came back, or None; the send/recv it made as (op, peer within the group,
-    bytes); a problem with what it returned, or None). Every rank makes all cp calls whatever it got, so that one rank's
-    mistake does not leave the others waiting."""
+    bytes); a problem with what it returned, or None). Every rank makes all cp calls whatever
+    it got, so that one rank's mistake does not leave the others waiting."""
     group = cp_group(groups)
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     out, lse = start  # (b, a, n, d), (b, a, n)
