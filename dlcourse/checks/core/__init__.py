@@ -67,7 +67,10 @@ The API:
 - `Answers(packages=, torch=, single=, checks=, allow=, also=)`: what an exercise set refuses,
   declared once (the lesson's code, torch's, the set's own check modules); a check passes
   `guard=ANSWERS.in_rank` to `run_on_ranks`, `guard=ANSWERS.in_process` to `call_in_process`
-  (`answers.py`).
+  (`answers.py`). `Answers(rank_side=("dlcourse.checks.<set>.in_rank",))` names the set's
+  rank-side code (harnesses, `call_in_process(answer=)`): it imports no answer, and under
+  `dlcourse grade` it is all a rank loads of the set, the answer modules absent from the rank
+  (`grading/absent.py`); references are computed here, in the checking process.
 - `expect_callable(fn, exercise)`: the grader cell got the function itself, not its result.
 """
 

@@ -55,12 +55,13 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     world_size = len(rank_args)
     submitted = isinstance(fn, Submitted)
     payload = fn.payload if submitted else pickling.dumps(fn)
-    student = StudentCode(payload, tuple(forbid), why_forbidden, guard)
     # A submission's function (`dlcourse grade`) may have changed anything in its ranks: what
-    # they send back is read as data only, never unpickled as objects here.
-    # Its ranks import the exercise's answers, then cannot read their files (`_hidden`).
+    # they send back is read as data only, never unpickled as objects here. Its ranks have
+    # none of the exercise's answers (`_graded`).
+    launch_options, rank_guard = _graded(guard, "in_rank") if submitted else ({}, guard)
+    student = StudentCode(payload, tuple(forbid), why_forbidden, rank_guard)
     measured = {}
-    start = functools.partial(launch_as_data, **_hidden(guard)) if submitted else launch_watched
+    start = functools.partial(launch_as_data, **launch_options) if submitted else launch_watched
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
         # each rank gets its own arguments only: none can read another's (or the whole)
@@ -91,17 +92,24 @@ def _expect_received(measured, receives, where, hint):
                               + (f"\nHint: {hint}" if hint else ""))
 
 
-def _hidden(guard, *args):
-    """launch_as_data's `preload` and `hide`: the modules and files of the `Answers` that
-    `guard(*args)` refuses (`Answers.hidden`); none for a guard of another kind."""
+def _graded(guard, kind, *args):
+    """(launch_as_data's options, the guard a graded rank enters) for `guard(*args)`'s `Answers`:
+    - a set that declares its `rank_side` code: the answer modules absent from the rank
+      (`grading/absent.py`), torch's answers still refused there (`Answers.graded`);
+    - any other: the answer modules imported, then their files hidden (`Answers.hidden`);
+    - a guard of another kind: as it is, nothing hidden.
+    `kind` is the guard's flavour: "in_rank" (`run_on_ranks`) or "in_process" (one rank)."""
     try:
         answers = getattr(guard(*args), "answers", None) if guard else None
     except Exception:  # a guard that needs what it guards: it hides nothing
         answers = None
     if answers is None:
-        return {}
-    preload, hide = answers.hidden()
-    return {"preload": preload, "hide": hide}
+        return {}, guard
+    if answers.rank_side is None:
+        preload, hide = answers.hidden()
+        return {"preload": preload, "hide": hide}, guard
+    absence = answers.absence()
+    return {"hide": absence.files, "absence": absence}, getattr(answers.graded(), kind)
 
 
 class StudentCode:
@@ -226,9 +234,10 @@ _WHERE, _HINT = "\x00where\x00", "\x00hint\x00"
 def _call_submitted(fn, args, exercise, where, guard, hint, answer):
     __tracebackhide__ = True
     try:
+        options, guard = _graded(guard, "in_process", None)
         [value] = launch_as_data(_call_in_rank, fn.payload, args, exercise, _WHERE, guard,
                                  _HINT if hint else "", answer, world_size=1, backend="gloo",
-                                 timeout=CHECK_TIMEOUT_S, **_hidden(guard, None))
+                                 timeout=CHECK_TIMEOUT_S, **options)
         return value
     except RankTimeout:
         raise CheckFailed(f"{where}: did not return within {CHECK_TIMEOUT_S:g} s") from None

@@ -10,8 +10,12 @@ analyser of flight-recorder dumps (`FLIGHT_ANSWERS`).
 
 from dlcourse.checks.core.answers import Answers
 
+# A graded rank loads the set's rank side and the catalogue's runs it needs (refused there while
+# the student's code runs); the finders, lesson 04's fix and the references are absent from it.
 DEBUGGING = Answers(packages=("dlcourse.debug", "dlcourse.parallel.tensor.grads"),
-                    checks=("dlcourse.checks.debugging",), keep_classes=True)
+                    checks=("dlcourse.checks.debugging",), keep_classes=True,
+                    rank_side=("dlcourse.checks.debugging.in_rank", "dlcourse.debug.bugs",
+                               "dlcourse.debug.subjects", "dlcourse.debug.capture"))
 
 
 def refusing_debugging(namespaces=()):
@@ -27,7 +31,9 @@ def debugging_guard_for(fn):
 # The fifth exercise's answer more: lesson 06's exchange of the tied embedding's gradients, and
 # the helper that finds its two copies (`dlcourse.parallel.pipeline.stages`).
 TIED_ANSWERS = DEBUGGING.but(single=(("dlcourse.parallel.pipeline.stages", "sync_tied_grads"),
-                                     ("dlcourse.parallel.pipeline.stages", "tied_ends")))
+                                     ("dlcourse.parallel.pipeline.stages", "tied_ends")),
+                             # the pipeline's own stages run in the rank: refused, not absent
+                             rank_side=DEBUGGING.rank_side + ("dlcourse.parallel.pipeline.stages",))
 
 
 def refusing_tied():

@@ -11,7 +11,8 @@ EXPERTS = Answers(
     packages=("dlcourse.moe", "dlcourse.moe_experts", "dlcourse.parallel.expert"),
     single=(("dlcourse.models", "MoEGPT"), ("dlcourse.memory.accounting", "count_params"),
             ("dlcourse.memory.accounting", "param_shapes")),
-    checks=("dlcourse.checks.experts",), keep_classes=True)
+    checks=("dlcourse.checks.experts",), keep_classes=True,
+    rank_side=("dlcourse.checks.experts.in_rank",))  # a graded rank loads only this
 
 
 def refusing_experts(namespaces=()):

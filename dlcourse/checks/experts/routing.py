@@ -14,6 +14,7 @@ import math
 import torch
 
 from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
+from dlcourse.checks.experts.in_rank import loss_and_grad
 from dlcourse.checks.experts.reference import routed, switch_loss
 from dlcourse.checks.experts.refusal import experts_guard_for
 
@@ -175,17 +176,6 @@ AUX_HINT = ("P_e: the router's probability of e averaged over the N tokens; f_e:
             "E · Σ_e f_e · P_e")
 
 
-def _loss_and_grad(value, logits, k):
-    """`call_in_process(answer=...)`: the loss as a float and its gradient w.r.t. the logits,
-    computed where the student's function ran, after it returned."""
-    if not isinstance(value, torch.Tensor) or value.numel() != 1:
-        return {"value": value, "grad": None, "why": kind(value)}
-    grad = None
-    if value.requires_grad:
-        (grad,) = torch.autograd.grad(value.sum(), logits, allow_unused=True)
-    return {"value": float(value.detach()), "grad": grad, "why": ""}
-
-
 @fresh_cases
 def check_load_balance_loss(load_balance_loss, *, rng):
     """load_balance_loss(logits (N, E), k) -> 0-dim tensor E · Σ_e f_e · P_e (Switch eq. 4-6),
@@ -208,7 +198,7 @@ def check_load_balance_loss(load_balance_loss, *, rng):
         leaf = logits.clone().requires_grad_()
         got = call_in_process(load_balance_loss, (leaf, k), exercise="load_balance_loss",
                               where=where, guard=experts_guard_for, hint=AUX_HINT,
-                              answer=_loss_and_grad)
+                              answer=loss_and_grad)
         _expect_loss(got, logits, k, uniform, where)
     sizes = [c[0].size(1) for c in cases]
     print(f"load_balance_loss: passed on {len(cases)} cases drawn at random (E from "

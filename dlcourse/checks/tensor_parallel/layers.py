@@ -10,13 +10,12 @@ values) are drawn afresh on every run from a seed that a failure prints; `seed=`
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, draw, expect_callable, expect_tensor, fail,
                                   kind, random_tensor, run_on_ranks)
+from dlcourse.checks.tensor_parallel.in_rank import loss_in_rank, qkv_in_rank
 from dlcourse.checks.tensor_parallel.refused import TENSOR, draw_tp_sizes, wide_seed
-from dlcourse.collectives.counter import CommCounter
 from dlcourse.models import CausalSelfAttention, GPTConfig
 
 # float64 rounding: one process and the ranks add the same ~100 products in another order,
@@ -31,10 +30,6 @@ def _close(a, b):
 
 def _capital(text):
     return text[:1].upper() + text[1:]
-
-
-def _detached(value):
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
 # ---------------------------------------------------------------- exercise 5: the fused qkv
@@ -62,7 +57,7 @@ def check_qkv_shard(qkv_shard, seed=None, timeout=CHECK_TIMEOUT_S):
         where = (f"qkv_shard on {tp} ranks, {n_heads} heads of {head_dim} (h = {config.hidden}), "
                  f"{'with' if config.bias else 'no'} bias, seed {seed}")
         outcomes = run_on_ranks(qkv_shard, [(attn, x)] * tp, exercise="qkv_shard", where=where,
-                                hint=QKV_HINT, harness=_qkv_in_rank, guard=TENSOR.in_rank,
+                                hint=QKV_HINT, harness=qkv_in_rank, guard=TENSOR.in_rank,
                                 timeout=timeout)
         shards = [got for got, _ in outcomes]
         for rank, got in enumerate(shards):
@@ -71,14 +66,6 @@ def check_qkv_shard(qkv_shard, seed=None, timeout=CHECK_TIMEOUT_S):
     print(f"qkv_shard: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; 1 or 2 heads "
           "a rank; with and without bias): every rank's heads, summed, equal the course GPT's "
           "attention")
-
-
-def _qkv_in_rank(student, attn, x):
-    """Runs in every rank: the student's shard, as data. The attention of the shards is computed
-    by the check in its own process (`_expect_attention`), where the student's code never ran
-    and cannot have changed a helper or a torch function the check uses."""
-    got = student(attn.qkv, dist.group.WORLD)
-    return tuple(_detached(t) for t in got) if isinstance(got, (tuple, list)) else _detached(got)
 
 
 def _expect_attention(attn, shards, x, tp, where):
@@ -186,7 +173,7 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, seed=None,
         outcomes = run_on_ranks(vocab_parallel_cross_entropy,  # rank r: its (N, V/t) only
                                 [(mine.clone(), targets) for mine in logits.chunk(tp, dim=-1)],
                                 exercise=name, where=where, hint=LOSS_HINT,
-                                harness=_loss_in_rank, guard=TENSOR.in_rank,
+                                harness=loss_in_rank, guard=TENSOR.in_rank,
                                 timeout=timeout)
         for rank, (got, _) in enumerate(outcomes):
             _expect_loss(got, loss.detach(), whole.grad.chunk(tp, dim=-1)[rank],
@@ -194,19 +181,6 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, seed=None,
     print(f"{name}: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; logits near 750 "
           "included): the loss and every rank's gradient equal F.cross_entropy's, no logits "
           "gathered")
-
-
-def _loss_in_rank(student, mine, targets):
-    """Runs in every rank, which holds its logits (N, V/t) and the targets (N,) only: the
-    student's loss, its backward, and the size of every collective both made."""
-    mine = mine.requires_grad_()
-    with CommCounter() as comm, student.guarded():  # the backward runs the student's code too
-        loss = student.fn(mine, targets.clone(), dist.group.WORLD)
-        backward = isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad
-        if backward:
-            loss.backward()
-    return _detached(loss), _detached(mine.grad), backward, [(r.op, r.nbytes) for r in
-                                                             comm.records]
 
 
 def _expect_loss(got, loss, grad, mine, targets, tp, rank, where):

@@ -2,11 +2,11 @@
 (the set's guide is `__init__.py`)."""
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, draw, expect_callable, expect_tensor,
                                   random_tensor, run_on_ranks)
+from dlcourse.checks.tensor_parallel.in_rank import column_in_rank, row_in_rank
 from dlcourse.checks.tensor_parallel.refused import TENSOR, draw_tp_sizes, wide_seed
 
 
@@ -54,10 +54,6 @@ def _shards(tensor, tp, dim):
     return [None] * tp if tensor is None else [t.clone() for t in tensor.chunk(tp, dim=dim)]
 
 
-def _detached(value):
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
 # ---------------------------------------------------------------- exercise 1: column parallel
 
 COLUMN_HINT = ("y_r = x @ weight.T + bias is this rank's out/t output features; all-gather the "
@@ -77,18 +73,12 @@ def check_column_parallel_linear(column_parallel_linear, seed=None, timeout=CHEC
         expected = linear(x).detach()
         rows, bias = _shards(linear.weight.detach(), tp, 0), _shards(_bias(linear), tp, 0)
         got = _run(column_parallel_linear, "column_parallel_linear", where, COLUMN_HINT,
-                   _column_in_rank, [(x, rows[r], bias[r]) for r in range(tp)], timeout)
+                   column_in_rank, [(x, rows[r], bias[r]) for r in range(tp)], timeout)
         for rank, y in enumerate(got):
             expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
                           hint=_column_hint(y, expected, linear, x, tp), **TOL)
     print(f"column_parallel_linear: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; "
           "with and without bias; 1 and 2 leading dims), equal to nn.Linear on every rank")
-
-
-def _column_in_rank(student, x, w_r, b_r):
-    """Runs in every rank, which holds x (..., in), its rows of W (out/t, in) and its entries
-    of b (out/t,) only: the student's output."""
-    return _detached(student(x, w_r, b_r, dist.group.WORLD))
 
 
 def _bias(linear):
@@ -128,19 +118,13 @@ def check_row_parallel_linear(row_parallel_linear, seed=None, timeout=CHECK_TIME
         where = _where("row_parallel_linear", tp, linear, x, seed)
         expected = linear(x).detach()
         columns = _shards(linear.weight.detach(), tp, 1)
-        got = _run(row_parallel_linear, "row_parallel_linear", where, ROW_HINT, _row_in_rank,
+        got = _run(row_parallel_linear, "row_parallel_linear", where, ROW_HINT, row_in_rank,
                    [(x, columns[r], _bias(linear)) for r in range(tp)], timeout)
         for rank, y in enumerate(got):
             expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
                           hint=_row_hint(y, expected, linear, x, tp, rank), **TOL)
     print(f"row_parallel_linear: passed on 3 cases drawn with seed {seed} (2, 3 and 4 ranks; "
           "with and without bias), equal to nn.Linear on every rank, the bias added once")
-
-
-def _row_in_rank(student, x, w_r, b):
-    """Runs in every rank, which holds x (..., in), its columns of W (out, in/t) and the whole
-    bias (out,) only: the student's output."""
-    return _detached(student(x, w_r, b, dist.group.WORLD))
 
 
 def _row_hint(y, expected, linear, x, tp, rank):

@@ -19,7 +19,8 @@ TENSOR = Answers(
         "PrepareModuleInput", "PrepareModuleOutput", "loss_parallel")),
     checks=("dlcourse.checks.tensor_parallel",),
     allow=("_apply", "_is_function_class", "_not_a_function_class"),  # the harness's, in guard
-    keep_classes=True)
+    keep_classes=True,
+    rank_side=("dlcourse.checks.tensor_parallel.in_rank",))  # a graded rank loads only this
 
 
 def wide_seed(rng):
