@@ -60,7 +60,8 @@ The API:
   cannot tabulate the answers), keeping fixed edge cases first; a failure names the seed, and
   `check_x(fn, seed=S)` repeats the run.
 - For exercises that are formulas, not ranks: `call_in_process(fn, args, exercise=, where=,
-  guard=)` runs the student's function here and turns what it raises into `CheckFailed`;
+  guard=)` runs the student's function here and turns what it raises into `CheckFailed`
+  (`call_each_in_process(fn, [(args, where)], ...)` for many cases: graded, one launch);
   `replaced(namespaces, [(original, stand_in)])` with `refusal(what, why)` as the stand-in makes
   a library function that holds the answer raise while the student's function runs, however it
   is reached: by any name, a default argument, or a copy of it (`refuse.py`).
@@ -80,6 +81,7 @@ from dlcourse.checks.core.expect import (CheckFailed, describe, dtype_name,  # n
                                          expect_callable, expect_none, expect_tensor,
                                          expect_unchanged, fail, kind, random_tensor)
 from dlcourse.checks.core.ranks import (CHECK_TIMEOUT_S, COLLECTIVES, StudentCode,  # noqa: F401
-                                        Submitted, call_in_process, run_on_ranks)
+                                        Submitted, call_each_in_process, call_in_process,
+                                        run_on_ranks)
 from dlcourse.checks.core.refuse import (ForbiddenCall, Refused, forbidden, no_store,  # noqa: F401
                                          none_named, refusal, replaced)

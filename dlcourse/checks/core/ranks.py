@@ -255,6 +255,69 @@ def _call_in_rank(payload, args, exercise, where, guard, hint, answer):
     return _call(fn, args, exercise, where, guard, hint, answer)
 
 
+def call_each_in_process(fn, cases, *, exercise, guard=None, hint="", answer=None):
+    """`call_in_process` over many cases, [(args, where)]: yields each case's value in order,
+    and raises the first case's CheckFailed where it comes, as the calls one by one would. A
+    `Submitted` function runs every case on one rank in one launch (a formula exercise of 60
+    cases: one launch, not 60), which stops at the first case that fails."""
+    __tracebackhide__ = True
+    expect_callable(fn, exercise)
+    if not isinstance(fn, Submitted):
+        for args, where in cases:
+            yield _call(fn, args, exercise, where, guard, hint, answer)
+        return
+    wheres = [where for _, where in cases]
+    for kind, value in _call_each_submitted(fn, [args for args, _ in cases], exercise, wheres,
+                                            guard, hint, answer):
+        if kind == "failed":
+            raise CheckFailed(value)
+        yield value
+
+
+def _case_marker(i):
+    return f"\x00where {i}\x00"
+
+
+def _call_each_submitted(fn, args_list, exercise, wheres, guard, hint, answer):
+    """[("value", v) | ("failed", message)] of the cases up to the first that fails, from one
+    rank; the rank is sent markers in place of the cases' names (`_WHERE`'s reason)."""
+    __tracebackhide__ = True
+    where_all = f"{exercise} on {len(wheres)} cases"
+    try:
+        options, guard = _graded(guard, "in_process", None)
+        [results] = launch_as_data(_call_each_in_rank, fn.payload, args_list, exercise, guard,
+                                   _HINT if hint else "", answer, world_size=1, backend="gloo",
+                                   timeout=CHECK_TIMEOUT_S * len(args_list), **options)
+    except RankTimeout:
+        raise CheckFailed(f"{where_all}: did not return within "
+                          f"{CHECK_TIMEOUT_S * len(args_list):g} s") from None
+    except RankError as error:
+        raise CheckFailed(_explain(exercise, where_all, hint, error)) from None
+    named = []
+    for kind, value in results:
+        if kind == "failed":
+            for i, where in enumerate(wheres):
+                value = value.replace(_case_marker(i), where)
+            value = value.replace(_HINT, hint)
+        named.append((kind, value))
+    return named
+
+
+def _call_each_in_rank(payload, args_list, exercise, guard, hint, answer):
+    """The rank's side of `_call_each_submitted`: the function loaded once, each case called
+    as `_call` would, up to the first that fails."""
+    fn = student_runs(pickling.loads, (payload,), {}, ())  # the audit hook armed
+    results = []
+    for i, args in enumerate(args_list):
+        try:
+            results.append(("value", _call(fn, args, exercise, _case_marker(i), guard, hint,
+                                           answer)))
+        except CheckFailed as failed:
+            results.append(("failed", str(failed)))
+            break
+    return results
+
+
 def _call(fn, args, exercise, where, guard, hint, answer=None):
     __tracebackhide__ = True
     try:
