@@ -114,12 +114,14 @@ def imbalance(spec):
 def routed_rows(spec, tokens, ep=1):
     """Rows the E/ep experts of the busiest of ep ranks receive when each rank routes `tokens`
     tokens (k copies of each): with a capacity factor, each expert at most lesson 09's
-    `capacity` of the group's ep x tokens; dropless, the mean k x tokens times
-    DROPLESS_IMBALANCE once the experts are spread (at ep 1 the one rank computes exactly
-    the k x tokens rows, however they fall among its experts)."""
-    if spec.capacity_factor:
+    `capacity` of the group's ep x tokens, and all of them no more than the group's k x ep x
+    tokens (at ep 1 the k x tokens it routes: the course's layer drops over the capacity but
+    does not pad an expert up to it); dropless, the mean k x tokens times DROPLESS_IMBALANCE
+    once the experts are spread (at ep 1 the one rank computes exactly the k x tokens rows,
+    however they fall among its experts)."""
+    if spec.capacity_factor:  # never more than the group's k x ep x tokens assignments
         cap = capacity(spec.capacity_factor, ep * tokens, spec.top_k, spec.n_experts)
-        return spec.n_experts // ep * cap
+        return min(spec.n_experts // ep * cap, spec.top_k * ep * tokens)
     return spec.top_k * tokens * (DROPLESS_IMBALANCE if ep > 1 else 1)
 
 
