@@ -176,6 +176,29 @@ def expert_seconds(spec, L, seq_len, gpu):
     return flops * layers * L.micro_batches / (gpu.peak_flops * gpu.matmul_efficiency)
 
 
+def expert_gemms(spec, L, seq_len):
+    """(M, K, N) of one local expert's forward matmuls on the busiest rank, one micro-batch:
+    M its rows (`routed_rows` over the E/ep experts a rank holds), up (and gate) h -> moe_ffn,
+    down moe_ffn -> h. A grouped GEMM runs E/ep of each. What the planner times at the
+    sustained rate whatever M is (`expert_seconds`); `timing.shape_efficiency`'s roofline
+    applied to them says where a thin M would be memory-bound (`published_moe`, the misses)."""
+    rows = routed_rows(spec, rank_tokens(L, seq_len), L.ep) / (spec.n_experts // L.ep)
+    up = spec.moe_ffn * (2 if spec.gated_mlp else 1)
+    return [(rows, spec.hidden, up), (rows, spec.moe_ffn, spec.hidden)]
+
+
+def expert_roofline(spec, L, seq_len, gpu):
+    """The share of the sustained matmul rate `expert_gemms` keep by the roofline (bf16
+    operands and result through HBM, as `timing.shape_efficiency`): 1.0 when compute-bound."""
+    ceiling = gpu.peak_flops * gpu.matmul_efficiency
+    ideal = held = 0.0
+    for M, K, N in expert_gemms(spec, L, seq_len):
+        compute = 2 * M * K * N / ceiling
+        ideal += compute
+        held += max(compute, BYTES * (M * K + K * N + M * N) / gpu.hbm_bw)
+    return ideal / held
+
+
 DISPATCHERS = ("a2a", "deepep")
 SCHEDULES = ("1f1b", "dualpipe")
 RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj")  # `moe_activations.RECOMPUTED`
