@@ -143,3 +143,20 @@ def test_an_moe_block_saves_the_planners_layer_and_the_course_extras(config, dty
         # a token; the course's LayerNorm(bias=False) keeps its mean and 1/std: one more each
         expected += 2 * B * T * e
     assert held == expected
+
+
+@pytest.mark.parametrize("config", [DROPLESS, CAPPED])
+def test_weights_in_the_activation_keep_one_fp32_value_a_row_not_the_output(config):
+    """`Recipe.probs_in_activation` (Megatron-Core's experts): the planner's h-wide expert
+    output, which the course's combine keeps (measured above), becomes one fp32 weight a
+    routed row; nothing else changes."""
+    from dlcourse.planner.moe_cost import Recipe
+    work = Workload(from_config(config), config.seq_len, B * config.seq_len, mlp="eager")
+    L = Layout(1, 1, 1, micro_batch=B, micro_batches=1, ep=1)
+    course = {n: b for n, _, b in moe_layer_rows(work, L)}
+    megatron = {n: b for n, _, b in moe_layer_rows(work, L, Recipe(probs_in_activation=True))}
+    rows = config.top_k * B * config.seq_len
+    output = "experts' output (routed rows, the combine's weights)"
+    assert course.pop(output) == rows * config.hidden * 2
+    assert megatron.pop("routed rows' weights (fp32)") == rows * 4
+    assert course == megatron

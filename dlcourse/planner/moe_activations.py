@@ -10,8 +10,9 @@ The attention's and the norms' rows are the dense planner's (`activations.layer_
 each given a kind below; with `head_dims` the queries and the attention output are n_heads x
 d wide, not h (Qwen3's 64 heads of 128 on h = 4096; DeepSeek-V3's MLA, 128 heads of 192 and
 128). The MoE rows are the busiest rank's routed rows (`moe_cost.routed_rows`), each saving the
-expert's input (h), its output (h, for the gradient of its combine weight) and its MLP's
-ffn-wide tensors; the router's fp32 logits and probabilities (2 E a token); the shared experts
+expert's input (h), its output (h, for the gradient of its combine weight, as lesson 09's
+`combine` does; with `Recipe.probs_in_activation`, Megatron-Core's, one fp32 weight instead)
+and its MLP's ffn-wide tensors; the router's fp32 logits and probabilities (2 E a token); the shared experts
 as one MLP of their width on every token, reading the MLP input already counted.
 
 A `Recipe` (`moe_cost.py`) takes rows off as the run did, each from its source:
@@ -88,13 +89,26 @@ def router_bytes(e):
     return max(4, e)
 
 
-def _expert_rows(work, L, e=BYTES):
+def _combine_weight_rows(rows, h, e, recipe):
+    """What the gradient of a routed row's combine weight keeps. Lesson 09's `combine`
+    multiplies the expert's h-wide output by it, so that output is kept; with
+    `recipe.probs_in_activation` (Megatron-Core's experts, d98e8a6: experts.py's TEGroupedMLP
+    passes the probs to weighted_bias_swiglu_impl, and unpermute gets none) the weight
+    multiplies the activation's output instead, whose backward finds the gradient from
+    tensors already kept (or recomputed); its WeightedSwiGLUFunction saves the weights, one
+    fp32 value a row (fusions/fused_bias_swiglu.py)."""
+    if recipe.probs_in_activation:
+        return [("routed rows' weights (fp32)", "router", rows * 4)]
+    return [("experts' output (routed rows, the combine's weights)", "expert output",
+             rows * h * e)]
+
+
+def _expert_rows(work, L, e=BYTES, recipe=Recipe()):
     spec = work.model
     tokens = rank_tokens(L, work.seq_len)
     rows = routed_rows(spec, tokens, L.ep)
-    out = [("experts' input (routed rows)", "expert input", rows * spec.hidden * e),
-           ("experts' output (routed rows, the combine's weights)", "expert output",
-            rows * spec.hidden * e)]
+    out = [("experts' input (routed rows)", "expert input", rows * spec.hidden * e)]
+    out += _combine_weight_rows(rows, spec.hidden, e, recipe)
     out += _mlp_rows(spec, rows, spec.moe_ffn, work.mlp, "experts", e)
     router = spec.n_experts * tokens * router_bytes(e)  # (N, E) fp32: the z-loss's, softmax's
     out += [("router logits (fp32)", "router", router),
@@ -146,7 +160,7 @@ def moe_layer_rows(work, L, recipe=Recipe(), e=BYTES, **cpu):
     no_mlp = replace(work.model, ffn=0)  # attention, norms and the MLP's (router's) input
     rows = _attention_rows(work, L, no_mlp, e, **cpu)
     if L.recompute != "full":
-        rows += _expert_rows(work, L, e)
+        rows += _expert_rows(work, L, e, recipe)
     return _apply(rows, recipe)
 
 
