@@ -123,9 +123,10 @@ def course_extra_rows(work, L, e=BYTES):
     """[(tensor, kind, bytes)] what lesson 09's `MoE` keeps beyond the planner's rows, measured
     with lesson 01's SavedTensorLog (tests/test_planner_moe_memory.py), all kind "routing":
     - the weighted expert outputs, y x weight (rows, h): `combine`'s index_add keeps its
-      source (autograd's formula expands the gradient to its shape). Megatron-Core's unfused
-      unpermute (moe_utils.py at d98e8a6) does the same under deterministic algorithms
-      (index_add_), and by default scatter_add_, which keeps only the index;
+      source (torch's tools/autograd/derivatives.yaml: the source's gradient is
+      grad.index_select(dim, index).expand_as(source)). Megatron-Core's unfused unpermute
+      (moe_utils.py at d98e8a6) calls index_add_ only under deterministic algorithms, and
+      otherwise scatter_add_, whose src gradient grad.gather(dim, index) keeps the index;
     - small ones, O(tokens x k) not O(rows x h), which the planner leaves out as Korthikanti
       leaves out the norms' statistics: the top-k weights (N, k) and their sum (N, 1) (the
       renormalising division), the top-k expert ids (N, k) int64, the sorted rows' order and

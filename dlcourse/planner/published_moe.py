@@ -109,7 +109,12 @@ planner's 16% reserve for a run not yet launched too (`margin.ALLOCATOR`). The s
   produce the miss; what a grouped GEMM keeps at 512 to 1,024 rows an expert (tile and wave
   quantisation over 16 groups, the fp32 main-gradient accumulation of 16 experts' weights
   each micro-batch) would take a measurement on an H100, which this planner has not made.
-  Left as misses, with that term named (`test_the_qwen3_misses_are_the_small_expert_gemms`).
+  The nearest published figures are FP8 on an H800 (deepseek-ai/DeepGEMM README at 327ec92,
+  2025-04-09): 1,346 TFLOPS for 8 groups of 4,096 rows (n 4,096, k 7,168) and 1,040 for 2
+  groups of 512 (its masked layout), 23% less. And the term is bounded: the experts' matmuls
+  are about 5 s of the planner's 13.6 s and 15.1 s, so even at half the rate they would leave
+  the rows 23% and 31% short. Left as misses, with that term named and bounded
+  (`test_the_qwen3_misses_are_the_small_expert_gemms`): the rest is not found.
 The same readme's "Long Context" table (H100, DeepEP, bf16, 32 nodes, TP 4, PP 8, VPP 4, EP 8,
 global batch 256, no all-to-all overlap; its command recomputes the norms and the MoE layers)
 gives each length's TFLOPS a GPU with forced balance and dropless: their ratio is the
