@@ -490,8 +490,9 @@ def test_the_qwen3_misses_are_the_small_expert_gemms():
     from dlcourse.planner.published_moe import QWEN3_RUNS, held_against
     h100 = gpu("h100")
     rows = [moe_cost.expert_gemms(r.work.model, r.layout, 4096)[0][0] for r in QWEN3_RUNS]
-    assert rows == [8 * 4096 / 2 * 32 / 128] * 2 + [8 * 4096 / 2 * 8 / 128,
-                                                    8 * 4096 / 4 * 8 / 128] == [4096] * 2 + [1024, 512]
+    tokens = [4096 / r.layout.tp for r in QWEN3_RUNS]  # a rank's b s / tp, micro-batch 1
+    assert rows == [8 * n * r.layout.ep / 128 for n, r in zip(tokens, QWEN3_RUNS)] == \
+        [4096, 4096, 1024, 512]
     per_rank = {m * (128 // r.layout.ep) * r.layout.micro_batches * 96 / r.layout.pp
                 for m, r in zip(rows, QWEN3_RUNS)}  # rows a rank's experts compute a step
     assert len(per_rank) == 1

@@ -12,8 +12,8 @@ d wide, not h (Qwen3's 64 heads of 128 on h = 4096; DeepSeek-V3's MLA, 128 heads
 128). The MoE rows are the busiest rank's routed rows (`moe_cost.routed_rows`), each saving the
 expert's input (h), its output (h, for the gradient of its combine weight, as lesson 09's
 `combine` does; with `Recipe.probs_in_activation`, Megatron-Core's, one fp32 weight instead)
-and its MLP's ffn-wide tensors; the router's fp32 logits and probabilities (2 E a token); the shared experts
-as one MLP of their width on every token, reading the MLP input already counted.
+and its MLP's ffn-wide tensors; the router's fp32 logits and probabilities (2 E a token); the
+shared experts as one MLP of their width on every token, reading the MLP input already counted.
 
 A `Recipe` (`moe_cost.py`) takes rows off as the run did, each from its source:
 - `recompute_modules`: Megatron-Core's --recompute-modules names (selective granularity):

@@ -84,8 +84,10 @@ published runs' margin (no allocator reserve, as `published.py` holds the dense 
 script runs PyTorch's allocator with expandable_segments:True, segments that grow rather than
 new ones, against fragmentation): 54, 54, 57 and 54 GiB, with the routers' weights applied in
 the activation as Megatron-Core's experts do (`Recipe.probs_in_activation`); they fit with the
-planner's 16% reserve for a run not yet launched too (`margin.ALLOCATOR`). The script and yaml are the zoo's at
-798dfb5; the readme's rows name the Megatron-LM they ran (moe_dev f3e6c5, main 1e057005).
+planner's 16% reserve for a run not yet launched too (`margin.ALLOCATOR`). The script and
+yaml are the zoo's at 798dfb5; the readme's rows name the Megatron-LM they ran (moe_dev
+f3e6c5, main 1e057005: at 1e05700595, 2025-05-24, TEGroupedMLP already applies the probs in
+its activation and the dispatchers' unpermute gets none, as at d98e8a6).
 - cross-node EP (TP 2, EP 32, PP 8, VPP 4, DP 16; DeepEP): 19.7 s; with "+1f1b overlap" (its
   EP all-to-alls overlapped, DeepEP's 20 SMs, Megatron-Core's moe_deepep_num_sms): 17.6 s;
 - intra-node EP with the plain all-to-all dispatcher (TP 2, EP 8, PP 32, VPP 3, DP 4): 24.2 s,
@@ -103,12 +105,13 @@ planner's 16% reserve for a run not yet launched too (`margin.ALLOCATOR`). The s
   twice the micro-batches of half the tokens). The table's own intra-node row 3 (EP 8, DeepEP,
   PP 1, FSDP, micro-batch 4: 4,096 rows each of its 16 experts, full recomputation; not held
   here, the planner has no FSDP of experts) takes 17.6 s, as fast as the overlapped cross-
-  node row: so the misses go with the small expert GEMMs (row 3: four times fewer, larger
-  micro-batches), not with EP inside a node. The planner's roofline (`moe_cost.expert_roofline`, `timing.
-  shape_efficiency`'s) finds even 512 x 4,096 x 3,072 compute-bound on an H100, so it cannot
-  produce the miss; what a grouped GEMM keeps at 512 to 1,024 rows an expert (tile and wave
-  quantisation over 16 groups, the fp32 main-gradient accumulation of 16 experts' weights
-  each micro-batch) would take a measurement on an H100, which this planner has not made.
+  node row: so the misses go with the small expert GEMMs (row 3 runs 4 micro-batches of 4
+  sequences a step), not with EP inside a node. The planner's roofline
+  (`moe_cost.expert_roofline`, `timing.shape_efficiency`'s) finds even 512 x 4,096 x 3,072
+  compute-bound on an H100, so it cannot produce the miss; what a grouped GEMM keeps at 512
+  to 1,024 rows an expert (tile and wave quantisation over 16 groups, the fp32 main-gradient
+  accumulation of 16 experts' weights each micro-batch) would take a measurement on an H100,
+  which this planner has not made.
   The nearest published figures are FP8 on an H800 (deepseek-ai/DeepGEMM README at 327ec92,
   2025-04-09): 1,346 TFLOPS for 8 groups of 4,096 rows (n 4,096, k 7,168) and 1,040 for 2
   groups of 512 (its masked layout), 23% less. And the term is bounded: the experts' matmuls
