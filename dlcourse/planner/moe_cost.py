@@ -225,8 +225,9 @@ class Recipe:
     fp8_activations: bool = False  # Linear inputs cached in FP8 (DeepSeek-V3 §3.3.3)
     probs_in_activation: bool = False  # the router's weight of a routed row multiplied into
     #   its activation's output, inside the expert, not into its h-wide output at the combine
-    #   (lesson 09's `combine`): Megatron-Core's experts (d98e8a6, experts.py, TEGroupedMLP:
-    #   weighted_bias_swiglu_impl; unpermute gets no probs), so no expert output is kept,
+    #   (lesson 09's `combine`): Megatron-Core's experts (d98e8a6 and the Qwen3 rows'
+    #   1e05700595, experts.py, TEGroupedMLP: weighted_bias_swiglu_impl unless
+    #   --no-bias-swiglu-fusion; unpermute gets no probs), so no expert output is kept,
     #   only the row's fp32 weight (`moe_activations`)
     state_bytes: tuple = (2, 2, 12)  # (weights, gradients, optimizer) bytes a parameter:
     #   lesson 05's mixed precision; Megatron-LM with bf16 keeps fp32 gradients (2, 4, 12);
