@@ -114,12 +114,14 @@ def imbalance(spec):
 def routed_rows(spec, tokens, ep=1):
     """Rows the E/ep experts of the busiest of ep ranks receive when each rank routes `tokens`
     tokens (k copies of each): with a capacity factor, each expert at most lesson 09's
-    `capacity` of the group's ep x tokens; dropless, the mean k x tokens times
-    DROPLESS_IMBALANCE once the experts are spread (at ep 1 the one rank computes exactly
-    the k x tokens rows, however they fall among its experts)."""
-    if spec.capacity_factor:
+    `capacity` of the group's ep x tokens, and all of them no more than the group's k x ep x
+    tokens (at ep 1 the k x tokens it routes: the course's layer drops over the capacity but
+    does not pad an expert up to it); dropless, the mean k x tokens times DROPLESS_IMBALANCE
+    once the experts are spread (at ep 1 the one rank computes exactly the k x tokens rows,
+    however they fall among its experts)."""
+    if spec.capacity_factor:  # never more than the group's k x ep x tokens assignments
         cap = capacity(spec.capacity_factor, ep * tokens, spec.top_k, spec.n_experts)
-        return spec.n_experts // ep * cap
+        return min(spec.n_experts // ep * cap, spec.top_k * ep * tokens)
     return spec.top_k * tokens * (DROPLESS_IMBALANCE if ep > 1 else 1)
 
 
@@ -174,6 +176,29 @@ def expert_seconds(spec, L, seq_len, gpu):
     return flops * layers * L.micro_batches / (gpu.peak_flops * gpu.matmul_efficiency)
 
 
+def expert_gemms(spec, L, seq_len):
+    """(M, K, N) of one local expert's forward matmuls on the busiest rank, one micro-batch:
+    M its rows (`routed_rows` over the E/ep experts a rank holds), up (and gate) h -> moe_ffn,
+    down moe_ffn -> h. A grouped GEMM runs E/ep of each. What the planner times at the
+    sustained rate whatever M is (`expert_seconds`); `timing.shape_efficiency`'s roofline
+    applied to them says where a thin M would be memory-bound (`published_moe`, the misses)."""
+    rows = routed_rows(spec, rank_tokens(L, seq_len), L.ep) / (spec.n_experts // L.ep)
+    up = spec.moe_ffn * (2 if spec.gated_mlp else 1)
+    return [(rows, spec.hidden, up), (rows, spec.moe_ffn, spec.hidden)]
+
+
+def expert_roofline(spec, L, seq_len, gpu):
+    """The share of the sustained matmul rate `expert_gemms` keep by the roofline (bf16
+    operands and result through HBM, as `timing.shape_efficiency`): 1.0 when compute-bound."""
+    ceiling = gpu.peak_flops * gpu.matmul_efficiency
+    ideal = held = 0.0
+    for M, K, N in expert_gemms(spec, L, seq_len):
+        compute = 2 * M * K * N / ceiling
+        ideal += compute
+        held += max(compute, BYTES * (M * K + K * N + M * N) / gpu.hbm_bw)
+    return ideal / held
+
+
 DISPATCHERS = ("a2a", "deepep")
 SCHEDULES = ("1f1b", "dualpipe")
 RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj")  # `moe_activations.RECOMPUTED`
@@ -198,6 +223,12 @@ class Recipe:
     recompute_modules: tuple = ()  # what the run recomputes, Megatron-Core's
     #   --recompute-modules names: "layernorm", "moe_act", "mla_up_proj" (`moe_activations`)
     fp8_activations: bool = False  # Linear inputs cached in FP8 (DeepSeek-V3 §3.3.3)
+    probs_in_activation: bool = False  # the router's weight of a routed row multiplied into
+    #   its activation's output, inside the expert, not into its h-wide output at the combine
+    #   (lesson 09's `combine`): Megatron-Core's experts (d98e8a6 and the Qwen3 rows'
+    #   1e05700595, experts.py, TEGroupedMLP: weighted_bias_swiglu_impl unless
+    #   --no-bias-swiglu-fusion; unpermute gets no probs), so no expert output is kept,
+    #   only the row's fp32 weight (`moe_activations`)
     state_bytes: tuple = (2, 2, 12)  # (weights, gradients, optimizer) bytes a parameter:
     #   lesson 05's mixed precision; Megatron-LM with bf16 keeps fp32 gradients (2, 4, 12);
     #   DeepSeek-V3 fp32 gradients, fp32 master and bf16 moments (2, 4, 8) (§3.3.3)
