@@ -106,9 +106,25 @@ PLAN_NUMBERS = {
 }
 
 
+# flag -> (default, what each value means): `dlcourse plan`'s named settings, each checked
+# against the planner's own table of its values (`_plan_choices`)
+PLAN_SETTINGS = {
+    "attention": ("fused", "fused (FlashAttention/SDPA: no s x s scores stored, the default) or "
+                           "eager (the scores stored, as lesson 01 measures)"),
+    "mlp": ("eager", "SwiGLU's kernel: eager (plain autograd, 4 ffn-wide tensors saved, the "
+                     "default) or fused (Megatron-LM's, 3); no effect on GELU models"),
+    "recompute": ("any", "activation recomputation: any (try all, the default), none, selective "
+                         "(Korthikanti's attention scores, eager attention only), op "
+                         "(torchtitan's by-op policy: every other matmul and the cheap ops "
+                         "recomputed) or full"),
+    "loss": ("in place", "the loss kernel's peak: 'in place' (Megatron-LM, the default), "
+                         "'fp32 eager' (torchtitan) or 'fp32 eager, pred kept'"),
+}
+
+
 def _plan_choices(args):
-    """Check `dlcourse plan`'s named settings, one line naming a bad one and what to pass;
-    return the `layouts` choices they narrow."""
+    """Check `dlcourse plan`'s named settings (PLAN_SETTINGS), one line naming a bad one and
+    what to pass; return the `layouts` choices they narrow."""
     from dlcourse.planner.activations import MLP
     from dlcourse.planner.layouts import ATTENTION, RECOMPUTE
     from dlcourse.planner.transients import LOSS
@@ -174,22 +190,10 @@ def _add_plan(sub):
     p.add_argument("--gpus-per-node", default="8", help="GPUs sharing NVLink (default 8)")
     p.add_argument("--price", help="dollars per GPU-hour (default: the GPU's, see its source)")
     p.add_argument("--top", default="8", help="rows to print (default 8)")
-    p.add_argument("--attention", default="fused",
-                   help="fused (FlashAttention/SDPA: no s x s scores stored, the default) or "
-                        "eager (the scores stored, as lesson 01 measures)")
-    p.add_argument("--mlp", default="eager",
-                   help="SwiGLU's kernel: eager (plain autograd, 4 ffn-wide tensors saved, the "
-                        "default) or fused (Megatron-LM's, 3); no effect on GELU models")
-    p.add_argument("--recompute", default="any",
-                   help="activation recomputation: any (try all, the default), none, selective "
-                        "(Korthikanti's attention scores, eager attention only), op "
-                        "(torchtitan's by-op policy: every other matmul and the cheap ops "
-                        "recomputed) or full")
+    for name, (default, text) in PLAN_SETTINGS.items():
+        p.add_argument("--" + name, default=default, help=text)
     p.add_argument("--ep", help="expert-parallel ranks of an MoE model, borrowed from dp x cp x "
                                 "tp (default: try every divisor of its experts)")
-    p.add_argument("--loss", default="in place",
-                   help="the loss kernel's peak: 'in place' (Megatron-LM, the default), "
-                        "'fp32 eager' (torchtitan) or 'fp32 eager, pred kept'")
     p.add_argument("--no-failures", action="store_true",
                    help="leave failures out: tokens/s and $ per step as if nothing failed "
                         "(default: times the goodput of lesson 11, planner/failures.py)")

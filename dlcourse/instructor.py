@@ -23,13 +23,8 @@ def exercises(args):
     except (OSError, ValueError) as error:
         print(f"dlcourse exercises build: {error}", file=sys.stderr)
         return 2
-    for b in built:
-        state = ("OUT OF DATE" if args.check else "written") if b.changed else "up to date"
-        print(f"{b.exercise}: {state} (from {b.solution})")
-    if args.check and any(b.changed for b in built):
-        print("run `dlcourse exercises build` to rebuild them", file=sys.stderr)
-        return 1
-    return 0
+    return _report([(b.exercise, b.solution, b.changed) for b in built], args.check,
+                   "dlcourse exercises build")
 
 
 def translate(args):
@@ -57,11 +52,18 @@ def translate(args):
     except (OSError, ValueError) as error:
         print(f"{name}: {error}", file=sys.stderr)
         return 2 if not isinstance(error, build.TranslationMissing) else 1
-    for b in built:
-        state = ("OUT OF DATE" if args.check else "written") if b.changed else "up to date"
-        print(f"{b.translated}: {state} (from {b.english})")
-    if args.check and any(b.changed for b in built):
-        print("run `dlcourse translate build` to rebuild them", file=sys.stderr)
+    return _report([(b.translated, b.english, b.changed) for b in built], args.check,
+                   "dlcourse translate build")
+
+
+def _report(built, check, command):
+    """Print each (written, from, changed) of a build, or with --check what is out of date;
+    returns the exit code: 1 when --check found one, else 0."""
+    for written, source, changed in built:
+        state = ("OUT OF DATE" if check else "written") if changed else "up to date"
+        print(f"{written}: {state} (from {source})")
+    if check and any(changed for _, _, changed in built):
+        print(f"run `{command}` to rebuild them", file=sys.stderr)
         return 1
     return 0
 

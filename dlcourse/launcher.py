@@ -63,7 +63,7 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
 
 
 def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, hide=(),
-                   preload=(), wire=None, **kwargs):
+                   preload=(), absence=None, wire=None, **kwargs):
     """`launch` for ranks that run code you do not trust (`dlcourse grade`'s checks run a
     submission's functions this way): what each rank returns is turned into data in the rank
     (numpy numbers and arrays, Fractions as Python's: `returned.as_data`), saved with torch.save
@@ -73,9 +73,10 @@ def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIME
     unpickled here. Where Linux allows, each rank runs in a sandbox of its own: no file one rank
     writes is seen by another, and the files in `hide` cannot be read, once the modules named in
     `preload` and those the job's own objects need are imported
-    (`dlcourse/grading/rank_sandbox.py`)."""
+    (`dlcourse/grading/rank_sandbox.py`). `absence` (`grading.absent.Absence`), if given, is
+    made true in each rank before it unpickles its job: the modules it names are not there."""
     return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=True,
-                   sandbox=(hide, preload), wire=wire)
+                   sandbox=(hide, preload), wire=wire, absence=absence)
 
 
 def launch_watched(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, wire=None,
@@ -97,7 +98,7 @@ def _rank_sandbox(hide, preload):
 
 
 def _launch(fn, args, kwargs, world_size, backend, timeout, as_data, sandbox=((), ()),
-            wire=None):
+            wire=None, absence=None):
     _check_arguments(fn, world_size, backend, timeout, args, kwargs)
     if backends.in_launched_rank():
         return [_run_in_this_rank(fn, args, kwargs, world_size, backend, timeout)]
@@ -115,7 +116,7 @@ def _launch(fn, args, kwargs, world_size, backend, timeout, as_data, sandbox=(()
     sandbox = _rank_sandbox(*sandbox) if as_data else None
     jobs = [
         worker.RankJob(rank, world_size, backend, threads, store.port, timeout, payload, sources,
-                       as_data, sandbox)
+                       as_data, sandbox, absence)
         for rank, payload in enumerate(payloads)
     ]
     try:

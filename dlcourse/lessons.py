@@ -36,20 +36,16 @@ class Lesson:
                 if number == self.number]
 
 
-LESSONS = [
-    Lesson("00", "launch", "launch", "launch"),
-    Lesson("01", "memory", "memory", "memory"),
-    Lesson("02", "collectives", "collectives", "collectives"),
-    Lesson("03", "data_parallel", "data parallel", "data"),
-    Lesson("04", "tensor_parallel", "tensor parallel", "tensor"),
-    Lesson("05", "zero", "ZeRO", "zero"),
-    Lesson("06", "pipeline", "pipeline", "pipeline"),
-    Lesson("07", "combining", "combining", "combine"),
-    Lesson("08", "context_parallel", "context parallel", "context"),
-    Lesson("09", "experts", "experts", "expert"),
-    Lesson("10", "debugging", "debugging", "debug"),
-    Lesson("11", "checkpoints", "checkpoints and failures", "checkpoint"),
-]
+# The course in order: a lesson's number is its place here; its title (the README's) is the slug
+# in words, unless _TITLES names another; its name (its packages') the slug, unless _NAMES does.
+_SLUGS = ("launch", "memory", "collectives", "data_parallel", "tensor_parallel", "zero",
+          "pipeline", "combining", "context_parallel", "experts", "debugging", "checkpoints")
+_TITLES = {"zero": "ZeRO", "checkpoints": "checkpoints and failures"}
+_NAMES = {"data_parallel": "data", "tensor_parallel": "tensor", "combining": "combine",
+          "context_parallel": "context", "experts": "expert", "debugging": "debug",
+          "checkpoints": "checkpoint"}
+LESSONS = [Lesson(f"{number:02d}", slug, _TITLES.get(slug, slug.replace("_", " ")),
+                  _NAMES.get(slug, slug)) for number, slug in enumerate(_SLUGS)]
 
 SERVES = {  # module of the library -> (the lesson it serves, what it holds for it)
     "dlcourse.launcher": ("00", "`launch`: a function on N ranks from a cell"),

@@ -49,6 +49,8 @@ class RankJob:
     # own, or None
     # (`dlcourse/grading/rank_sandbox.py`)
     sandbox: tuple = None
+    # what the rank must not have (`dlcourse/grading/absent.py`): made true first, or None
+    absence: object = None
 
 
 class InheritedFd:
@@ -72,6 +74,8 @@ def _detach(dup):
 def main(job, output, results, lifeline):
     """Entry point of one rank. `output` and `lifeline` arrive as plain integers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when ranks stop
+    if job.absence is not None and not _absent(job, results):
+        return
     if job.sandbox is not None and not _sandboxed(job, results):
         return
     _tie_to_launch()
@@ -99,6 +103,18 @@ def main(job, output, results, lifeline):
     lifeline.released.wait()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _absent(job, results):
+    """Make the job's `absence` true before anything of the job is unpickled; False, the
+    failure reported to the parent, where it cannot."""
+    from dlcourse.grading import absent
+    try:
+        absent.install(job.absence)
+        return True
+    except Exception as error:
+        results.send_bytes(pickle.dumps((_describe(error, job.rank), None)))
+        return False
 
 
 def _sandboxed(job, results):

@@ -11,6 +11,7 @@ from dlcourse.checkpoint import CheckpointError, RunConfig, latest, read_metadat
 from dlcourse.checkpoint.failures import run_with_restarts
 from dlcourse.checkpoint.files import load_rank_state
 from dlcourse.checkpoint.resume import check_same_model
+from dlcourse.checkpoint.sharded import load_pieces
 
 TOTAL, EVERY = 7, 3  # checkpoints at steps 3 and 6
 
@@ -58,6 +59,16 @@ def test_a_torn_checkpoint_is_refused_with_a_clear_line(tmp_path):
     assert latest(root) == os.path.join(root, "step_000001")  # the .tmp one is skipped
     with pytest.raises(CheckpointError, match="never finished"):
         read_metadata(os.path.join(root, "step_000002.tmp"))
+    with pytest.raises(CheckpointError, match=r"a folder of checkpoints, not one checkpoint: pass "
+                                              r"latest\(root\) .* \(newest: step_000001\)$"):
+        read_metadata(root)  # the root passed where a checkpoint is wanted: a bad path
+    with pytest.raises(CheckpointError, match="is a resume state saved by 2 ranks .*: load it with "
+                                              "files.load_rank_state on 2 ranks$"):
+        load_pieces(os.path.join(root, "step_000001"), [])  # another kind of checkpoint
+    os.makedirs(os.path.join(root, "logs"))
+    with pytest.raises(CheckpointError, match="is not a checkpoint: no metadata.json and no rank "
+                                              "files"):
+        read_metadata(os.path.join(root, "logs"))
     done = os.path.join(root, "step_000001")
     assert read_metadata(done)["world_size"] == 2
     assert load_rank_state(done, 1, 2)["w"].tolist() == [1.0, 1.0, 1.0]
@@ -84,3 +95,5 @@ def test_a_state_of_another_model_is_named_in_one_line():
         check_same_model({"w": torch.zeros(4, 16), "b": torch.zeros(8)}, model)
     with pytest.raises(CheckpointError, match="c is only in the checkpoint"):
         check_same_model({"w": torch.zeros(4, 8), "b": torch.zeros(8), "c": torch.zeros(1)}, model)
+    with pytest.raises(CheckpointError, match=r"b is only in the model \(0 names only saved, 1 "):
+        check_same_model({"w": torch.zeros(4, 8)}, model)

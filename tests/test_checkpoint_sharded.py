@@ -12,7 +12,8 @@ import dlcourse
 from dlcourse.checkpoint import CheckpointError
 from dlcourse.checkpoint.boxes import flat_boxes, intersect
 from dlcourse.checkpoint.reshard import ShardConfig, load_job, n_params, save_job
-from dlcourse.checkpoint.sharded import written_bytes_formula
+from dlcourse.checkpoint.files import load_rank_state, read_metadata
+from dlcourse.checkpoint.sharded import load_pieces, written_bytes_formula
 
 STEP_BYTES = 4  # AdamW's step count, a float32 scalar, saved beside the pieces
 
@@ -79,3 +80,18 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_tensor(tmp_path):
     with pytest.raises(dlcourse.RankError, match="no checkpoint at"):
         dlcourse.launch(load_job, str(tmp_path / "nowhere"), cfg, world_size=2)
     assert issubclass(CheckpointError, RuntimeError)
+    # the same checkpoint read here, without ranks: each difference named in its one line
+    table = read_metadata(path)["tensors"]
+    name, entry = next((n, e) for n, e in table.items() if n != "adam_step")
+    shape, box = tuple(entry["shape"]), ((0,) * len(entry["shape"]), tuple(entry["shape"]))
+    with pytest.raises(CheckpointError, match=rf"another model: {name} is torch.float64 in .*, "
+                                              r"torch.float32 in this model$"):
+        load_pieces(path, [(name, shape, box, torch.zeros(shape, dtype=torch.float32))])
+    with pytest.raises(CheckpointError, match=r"another model: .* has no 'param/lm_head.bias'"):
+        load_pieces(path, [("param/lm_head.bias", (36,), ((0,), (36,)), torch.zeros(36))])
+    with pytest.raises(CheckpointError, match="is a sharded checkpoint .*: load it with "
+                                              "sharded.load_pieces$"):
+        load_rank_state(path, 0, 2)
+    with pytest.raises(CheckpointError, match="is a folder of checkpoints, not one checkpoint: "
+                                              r"pass latest\(root\) .* \(newest: step_\d{6}\)$"):
+        load_pieces(str(tmp_path), [])

@@ -51,8 +51,27 @@ def test_a_fraction_and_numpy_integers_pass_where_numbers_are_asked(how, capsys)
 
 
 def test_coordinates_from_numpy_unravel_index_pass_when_graded(capsys):
-    check_rank_coords(graded(rank_coords))  # ~60 one-rank launches: graded only
+    check_rank_coords(graded(rank_coords))  # ~60 cases in one launch (call_each_in_process)
     assert "rank_coords: passed" in capsys.readouterr().out
+
+
+def coords_that_raise_past_two_by_two(rank, sizes, order):  # wrong, then raising, case by case
+    if rank >= 4:
+        raise IndexError(f"rank {rank} is past my 2 x 2 table")
+    return dict(zip(order, np.unravel_index(rank, [sizes[axis] for axis in order])))
+
+
+def coords_first_axis_fastest(rank, sizes, order):
+    return dict(zip(order, reversed(np.unravel_index(rank, [sizes[a] for a in reversed(order)]))))
+
+
+@pytest.mark.parametrize("answer", [coords_that_raise_past_two_by_two, coords_first_axis_fastest])
+def test_a_graded_batch_fails_at_the_case_the_notebook_fails_at(answer):
+    """call_each_in_process runs every case on one rank; the failure it reports is the first
+    one the notebook's case-by-case calls meet, with the same name and hint (seed fixed)."""
+    in_notebook = first_line_and_hint(check_rank_coords, answer, seed=3)
+    assert first_line_and_hint(check_rank_coords, graded(answer), seed=3) == in_notebook
+    assert in_notebook[0].startswith("rank_coords(") and in_notebook[1]
 
 
 class Half:

@@ -181,6 +181,24 @@ def test_the_lessons_pair_is_refused():
     assert "not allow" in first, first
 
 
+class ConjugateGather(torch.autograd.Function):  # the student's collectives, the lesson's Function
+    @staticmethod
+    def forward(ctx, x, group):
+        from dlcourse.parallel.tensor.comm import Conjugate
+        ctx.group = group
+        return Conjugate.apply(x, group, _gather, _reduce_scatter)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.group), None
+
+
+def test_the_lessons_conjugate_function_is_refused_too():
+    # gather_sequence is Conjugate handed the two collectives: Conjugate is a lesson answer too
+    first, _ = first_line_and_hint(check_sequence_parallel, ConjugateGather, ReduceScatterSequence)
+    assert "Conjugate" in first and "not allow" in first, first
+
+
 def test_the_lessons_layernorm_is_refused_in_sync():
     def sync_by_library(layernorm, group):
         from dlcourse.parallel.tensor.layers import SequenceParallelLayerNorm

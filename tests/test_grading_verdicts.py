@@ -4,8 +4,10 @@ grader's check in a fresh process on the objects the kernel exported (`grading/v
 
 import copy
 import os
+import sys
 from pathlib import Path
 
+import cloudpickle
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
@@ -139,7 +141,17 @@ def _identity_on_rank():
 
 
 def _submitted(obj):
-    return Submitted(obj.__name__, pickling.dumps(obj))
+    """`obj` pickled as a notebook's kernel pickles it, by value: a test module's class would
+    go by reference, and its graded rank would import the test module and the library answers
+    it compares with, which are absent there (`grading/absent.py`)."""
+    module = sys.modules[obj.__module__]
+    registered = module.__name__ in cloudpickle.list_registry_pickle_by_value()
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        return Submitted(obj.__name__, pickling.dumps(obj))
+    finally:
+        if not registered:
+            cloudpickle.unregister_pickle_by_value(module)
 
 
 def test_a_submitted_answer_gets_the_verdict_the_kernel_would_give(capsys):

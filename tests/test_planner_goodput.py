@@ -20,8 +20,9 @@ from dlcourse.planner.rank import format_plan, plan
 
 
 def lesson11_goodput(n_gpus, n_params):
-    """Lesson 11's model, written out: Llama 3's 419 unexpected interruptions in 54 days on
-    16,384 GPUs; 14 bytes a parameter at 2 TB/s; Daly's interval; a 10-minute restart."""
+    """Lesson 11's model, written out: Llama 3's 419 unexpected interruptions in 54 days, on
+    16,384 GPUs by the course's assumption (the paper says "up to 16K"); 14 bytes a parameter
+    at 2 TB/s; Daly's interval; a 10-minute restart."""
     m = 3600 / (n_gpus * 419 / (16_384 * 54 * 24))
     delta = 14 * n_params / 2e12
     x = delta / (2 * m)

@@ -4,7 +4,7 @@
     root/step_000006.tmp/        a save under way (or cut short by a crash): never loaded
 
 Write, then make visible: every rank writes its file into `step_N.tmp/`; after a barrier rank 0
-writes `metadata.json` (each file's name and size, the world size, the model's fingerprint) and
+writes `metadata.json` (each file's name and size, the world size, a layout's table) and
 renames the folder to `step_N` (one `os.rename`: atomic on a POSIX file system). A crash at any
 moment leaves the previous `step_M` untouched and at worst a `.tmp` folder that `latest` skips.
 torch's DCP orders it the same way with one file instead of one folder: every rank writes its
@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 METADATA = "metadata.json"
 _STEP = re.compile(r"^step_(\d+)$")
+_RANK_FILE = re.compile(r"^rank\d{5}\.pt$")
 
 
 class CheckpointError(RuntimeError):
@@ -75,12 +76,24 @@ def read_metadata(path):
                               "previous step instead")
     meta_path = os.path.join(path, METADATA)
     if not os.path.exists(meta_path):
-        raise CheckpointError(f"{path!r} has no {METADATA}: the save did not finish; it is torn "
-                              "and must not be loaded")
+        raise CheckpointError(_not_a_checkpoint(path))
     with open(meta_path) as f:
         meta = json.load(f)
     check_files(path, meta)
     return meta
+
+
+def _not_a_checkpoint(path):
+    """The one line for a folder without metadata: a root of checkpoints, a torn save, or none."""
+    steps = complete_steps(path)
+    if steps:
+        return (f"{path!r} is a folder of checkpoints, not one checkpoint: pass latest(root) or "
+                f"one of its step folders (newest: {os.path.basename(step_dir(path, steps[-1]))})")
+    if any(_RANK_FILE.match(name) for name in os.listdir(path)):
+        return (f"{path!r} has no {METADATA}: the save did not finish; it is torn and must not be "
+                "loaded")
+    return (f"{path!r} is not a checkpoint: no {METADATA} and no rank files; pass a step folder "
+            "that save_checkpoint wrote")
 
 
 def check_files(path, meta):
@@ -98,6 +111,9 @@ def check_files(path, meta):
 def load_rank_state(path, rank, world_size):
     """This rank's state from a complete checkpoint saved by the same number of ranks."""
     meta = read_metadata(path)
+    if "tensors" in meta:
+        raise CheckpointError(f"{path!r} is a sharded checkpoint (sharded.save_sharded), not a "
+                              "resume state: load it with sharded.load_pieces")
     if meta["world_size"] != world_size:
         raise CheckpointError(f"{path!r} was saved by {meta['world_size']} ranks, this job has "
                               f"{world_size}: reshard it (checkpoint.sharded) or launch "

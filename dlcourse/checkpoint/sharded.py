@@ -103,9 +103,13 @@ def load_pieces(path, pieces):
     """Fill every piece (name, whole shape, box, tensor) of this rank from the checkpoint at
     `path`, whatever layout saved it. Returns the bytes read (copied from the saved chunks)."""
     meta = read_metadata(path)
+    if "tensors" not in meta:
+        raise CheckpointError(f"{path!r} is a resume state saved by {meta['world_size']} ranks "
+                              "(save_checkpoint), not a sharded checkpoint: load it with "
+                              f"files.load_rank_state on {meta['world_size']} ranks")
     table, files, read = meta["tensors"], {}, 0
     for name, shape, box, target in pieces:
-        entry = _entry(table, name, shape, path)
+        entry = _entry(table, name, shape, target.dtype, path)
         filled = 0
         for chunk in entry["chunks"]:
             saved_box = (tuple(chunk["offsets"]), tuple(chunk["sizes"]))
@@ -126,7 +130,8 @@ def load_pieces(path, pieces):
     return read
 
 
-def _entry(table, name, shape, path):
+def _entry(table, name, shape, dtype, path):
+    """The metadata of `name`, or the one line saying how the checkpoint's model differs."""
     if name not in table:
         raise CheckpointError(f"checkpoint from another model: {path!r} has no {name!r} "
                               f"(it holds {len(table)} tensors, e.g. {next(iter(table))!r})")
@@ -134,6 +139,9 @@ def _entry(table, name, shape, path):
     if tuple(entry["shape"]) != tuple(shape):
         raise CheckpointError(f"checkpoint from another model: {name} is {tuple(entry['shape'])} "
                               f"in {path!r}, {tuple(shape)} in this model")
+    if entry["dtype"] != str(dtype):  # copy_ would convert silently: not the state that was saved
+        raise CheckpointError(f"checkpoint from another model: {name} is {entry['dtype']} in "
+                              f"{path!r}, {dtype} in this model")
     return entry
 
 

@@ -8,7 +8,7 @@ the exercises and points are the reference's.
 
 Whatever a submission does (crash the kernel, loop forever, fail to parse, not be a notebook,
 lose its grader cells) it gets a `Submission` with the reason, and the next one is graded. Each
-runs in a sandbox where bubblewrap is installed (`sandbox.isolation`), and nothing it started
+runs in a sandbox where bubblewrap is installed (`sandbox.isolation`, `sandbox.described`), and nothing it started
 outlives its grading (`nbrun.end_family`). What is not a submission's fault (a kernel that cannot
 start on this machine, a checking process that cannot run) is not scored: `grade_notebook`
 raises `CannotGrade` (`probe.py`), and the class waits until the machine is fixed.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from dlcourse.grading import probe, verdicts
 from dlcourse.grading.nbresults import reason_of
-from dlcourse.grading.nbrun import (CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, isolation, no_cell_ran,
-                                    run_cells)
+from dlcourse.grading.nbrun import CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, no_cell_ran, run_cells
 from dlcourse.grading.probe import CannotGrade  # noqa: F401 (what grade_notebook may raise)
+from dlcourse.grading.sandbox import described
 from dlcourse.grading.notebooks import METADATA_KEY, GraderMarkError, grader_cells, read
 
 MISSING = "no grader cell for this exercise in the notebook"
@@ -48,7 +48,7 @@ class Submission:
     results: list = field(default_factory=list)  # one Result per exercise, notebook order
     notes: list = field(default_factory=list)  # what went wrong beyond the graders themselves
     readable: bool = True  # False: not a notebook at all, so nothing in it was graded
-    isolation: str = ""  # the sandbox it ran in (`nbrun.isolation()`); "" when nothing ran
+    isolation: str = ""  # the sandbox it ran in (`sandbox.described()`); "" when nothing ran
 
     @property
     def total(self):
@@ -128,7 +128,7 @@ def grade_notebook(path, cell_timeout=CELL_TIMEOUT_S, notebook_timeout=NOTEBOOK_
             probe.kernel_starts(folder, cell_timeout, notebook_timeout)
         elif "problem" in decided:
             probe.checking_process_runs(folder, notebook_timeout)
-        submission.isolation = isolation()
+        submission.isolation = described()
         submission.notes += [problem] if problem else []
         submission.results = [_score(g, cells.get(g.code_cell), problem, g.code_cell in calls,
                                      decided) for g in graders]

@@ -2,8 +2,9 @@
 
 The gradebook has one row per submission and one column per exercise (the points earned), then
 `total`, `possible`, `notes` (why points were lost: each failure's first line and the check's
-hint, trimmed at a word) and `isolation` (the sandbox it ran in: "bubblewrap", or "none" where
-that is not installed; empty when nothing ran). The exercises are the reference's (with
+hint, trimmed at a word) and `isolation` (the sandbox it ran in: "bubblewrap", "bubblewrap, ranks
+sharing /tmp" where its ranks could not have one each, or "none" where bubblewrap is not
+installed; empty when nothing ran). The exercises are the reference's (with
 `--against`), then any other grader cells of the notebooks graded in one call, in the order first
 seen: grade one exercise set per call. A submission without an exercise's grader cell
 gets 0 for it, and a note.

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 BUBBLEWRAP, NONE = "bubblewrap", "none"
+SHARED_TMP = "bubblewrap, ranks sharing /tmp"  # the sandbox, but no rank sandbox inside it
 
 
 @functools.cache
@@ -37,6 +38,17 @@ def isolation():
     return BUBBLEWRAP if works else NONE
 
 
+def described():
+    """The gradebook's `isolation` column: "none", "bubblewrap", or "bubblewrap, ranks sharing
+    /tmp" where a rank cannot make a namespace of its own inside it (`rank_sandbox.py`): its
+    ranks could then pass data through files, and read the answers' files (their modules are
+    still absent from the ranks' memory: `absent.py`)."""
+    if isolation() != BUBBLEWRAP:
+        return NONE
+    return BUBBLEWRAP if _ranks_sandboxed(shutil.which("bwrap")) else SHARED_TMP
+
+
+@functools.cache
 def _ranks_sandboxed(bwrap):
     """True where a process inside the sandbox can make the namespaces that each rank of a
     graded job makes (`rank_sandbox.py`): nested user namespaces allowed."""

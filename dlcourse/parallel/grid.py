@@ -181,6 +181,12 @@ class RankGrid:
         raise ValueError(f"unknown axis {axis!r}; the axes are {AXES} and {tuple(FLATTENED)}")
 
 
+def _axis_group(axis, doc=None):
+    """A read-only attribute of RankGroups: the process group of `axis`."""
+    doc = doc or f"The process group of the {axis} axis: the ranks this one talks to on it."
+    return property(lambda self: self.groups[axis], doc=doc)
+
+
 @dataclass
 class RankGroups:
     """One rank's view of the grid: where it sits and the process group of each axis."""
@@ -190,24 +196,8 @@ class RankGroups:
     coords: dict  # {axis: this rank's coordinate}
     groups: dict = field(repr=False)  # {axis: ProcessGroup of the ranks this one talks to on it}
 
-    @property
-    def dp(self):
-        return self.groups["dp"]
-
-    @property
-    def tp(self):
-        return self.groups["tp"]
-
-    @property
-    def pp(self):
-        return self.groups["pp"]
-
-    @property
-    def cp(self):
-        return self.groups["cp"]
-
-    @property
-    def dp_cp(self):
-        """The ranks that hold the same weights: gradients are averaged over dp x cp."""
-        return self.groups["dp_cp"]
+    # groups.dp, groups.tp, ...: the process group of each axis, and of the flattened dp x cp
+    dp, tp, pp, cp = (_axis_group(axis) for axis in ("dp", "tp", "pp", "cp"))
+    dp_cp = _axis_group("dp_cp", "The ranks that hold the same weights: gradients are averaged "
+                                 "over dp x cp.")
 

@@ -12,8 +12,10 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
     estimate.py    bytes per GPU (lesson 06's in-flight count), step time, tokens/s, MFU,
                    $ per million tokens
     activations.py what one layer of any model saves for backward, tensor by tensor
-    timing.py      the step's terms: matmuls, element-wise kernels, Adam, tp / pp / dp traffic
-    calibration.py the one measured constant: what a matmul keeps of its MAMF inside a layer
+    timing.py      the step's terms: matmuls, element-wise and loss kernels, Adam, tp / pp / dp
+                   traffic
+    calibration.py each GPU's one fitted number: the share of its MAMF a matmul keeps in a
+                   step, from the published runs of that GPU marked "calibration"
     failures.py    the goodput term (lesson 11's goodput.py): tokens/s and $ include failures
     rank.py        plan(): the ranked table, the recommendation (the simplest of the layouts
                    that tie within the planner's error), why it beat the runner-up, the
@@ -22,8 +24,9 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
     moe_cost.py    what experts add (lesson 09): state over the expert-data-parallel ranks,
                    routed rows and activations, active FLOPs, the all-to-alls, load imbalance
     moe_estimate.py  an Estimate of an MoE layout from the dense terms and moe_cost's
-    published_moe.py  DeepSeek-V3's pre-training held against the planner (held out, a miss)
+    published_moe.py  DeepSeek-V3 and Qwen3-235B runs held against the planner (held out)
     published_runs.py  published runs (Megatron-LM, torchtitan, BLOOM, Llama 3), with sources
+                   and each run's role: calibration or held out
     published.py   the planner checked against them; the spread of its errors is the band on
                    every cost
 """

@@ -1,4 +1,5 @@
-"""Where the planner's one measured constant comes from (lesson 07).
+"""Where the planner's per-GPU constant comes from (lesson 07): what a matmul keeps of its MAMF
+inside a training step, the GPU's `in_step_share` (`hardware.py`).
 
 A matmul alone reaches its GPU's MAMF (`hardware.py`: 85.9% of peak on the A100). Inside a
 training step it reaches less: it shares the GPU with NCCL's kernels, waits on launches and
@@ -9,10 +10,21 @@ measured, not derived: Korthikanti et al. 2022, Table 4, time one transformer la
 the planner itself models for that layer (tp's four all-reduces, the element-wise kernels at
 HBM bandwidth) and what is left is the matmuls' time: their FLOPs over it is the share of
 peak they sustain in a layer, and over the A100's MAMF, the share of the MAMF
-(`IN_LAYER_SHARE` in hardware.py). Every GPU's `matmul_efficiency` is its MAMF times that
-share: the same software, a different chip. One number, measured on one layer; no training
-run the planner is checked against enters it.
+(`IN_LAYER_SHARE` in hardware.py): the A100's share.
+
+Other GPUs are fitted on published runs of their own (`fit_share`): the share at which the
+planner's throughput over the runs marked "calibration" on that GPU (`published_runs.py`) is
+right on average (the geometric mean of predicted / published is 1). One number a GPU, each
+checked on the runs of that GPU held out. The H100 SXM's (five of Megatron-LM's nine H100
+rows) comes out at 0.72, the A100 layer's 0.73 within rounding: the same software keeps the
+same share of a faster chip. torchtitan's 500 W HBM2e H100 keeps 0.53: its power limit lowers
+the clock its matmuls run at (its lower memory bandwidth is `hbm_bw`'s, not the share's), and
+its eager, unfused kernels and a peak its source calls unknown are in that one number too
+(`published_runs.TORCHTITAN_H100`).
 """
+
+import math
+from dataclasses import replace
 
 from dlcourse.planner.catalog import megatron_gpt
 from dlcourse.planner.hardware import GPUS, Cluster
@@ -48,3 +60,36 @@ def in_layer_efficiency():
 def in_layer_share():
     """In-layer efficiency over the MAMF: what a training step keeps of a lone matmul."""
     return in_layer_efficiency() / A100_MAMF
+
+
+def calibration_runs(gpu_name):
+    """The published runs marked "calibration" on the GPU called `gpu_name`."""
+    from dlcourse.planner.published_runs import CALIBRATION, RUNS
+    return [r for r in RUNS if r.role == CALIBRATION and r.cluster.gpu.name == gpu_name]
+
+
+def with_share(run, share):
+    """`run` on its GPU with in-step share `share`."""
+    gpu = replace(run.cluster.gpu, in_step_share=share)
+    return replace(run, cluster=replace(run.cluster, gpu=gpu))
+
+
+def mean_log_error(runs, share):
+    """Mean of log(predicted / published throughput) over `runs` at in-step share `share`."""
+    from dlcourse.planner.published import predict, throughput_error
+    logs = []
+    for run in runs:
+        run = with_share(run, share)
+        logs.append(math.log1p(throughput_error(run, predict(run)[1])))
+    return sum(logs) / len(logs)
+
+
+def fit_share(gpu_name, share=0.7, steps=6):
+    """The in-step share at which the planner is right on average over the GPU's calibration
+    runs. The step time is nearly all share-bound compute, so dividing the share by the
+    geometric-mean error converges in a few steps (communication and element-wise time,
+    which the share does not touch, make each step a little short)."""
+    runs = calibration_runs(gpu_name)
+    for _ in range(steps):
+        share /= math.exp(mean_log_error(runs, share))
+    return share

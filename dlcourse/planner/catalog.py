@@ -1,6 +1,6 @@
 """The models the planner knows by name (lesson 07): lesson 01's GPT-2 and Llama 2 shapes, the
-published models it is checked against (`published_runs.py`), and two mixtures of experts (lesson 09,
-`moe_spec.MoESpec`): Mixtral 8x7B and DeepSeek-V3.
+published models it is checked against (`published_runs.py`), and three mixtures of experts
+(lesson 09, `moe_spec.MoESpec`): Mixtral 8x7B, DeepSeek-V3 and Qwen3-235B-A22B.
 
     model("llama-2-7b")    # case, spaces and underscores ignored
 """
@@ -57,15 +57,30 @@ def mla_params(dim, n_heads, q_rank, kv_rank, nope, rope, v_dim):
 # 671B total, 37B active (`moe_spec` counts 671.03B and 37.55B; the report's 671B leaves out
 # the 14B multi-token-prediction module, and so does this spec; the router's 256-value
 # balancing bias, no trained weight, is left out too). Attention elsewhere in the planner is
-# approximated as 128 heads of 56 (see `moe_spec`).
+# approximated as 128 heads of 56 (see `moe_spec`) but for the score FLOPs (`head_dims`:
+# 128 + 64 query/key and 128 value dims); n_limited_groups 4 is the node-limited routing.
 DEEPSEEK_V3 = MoESpec("DeepSeek-V3", 61, 7168, 128, vocab_size=129280, seq_len=4096,
                       ffn=18432, kv_heads=128, gated_mlp=True, bias=False, tied=False,
                       learned_positions=False, n_experts=256, top_k=8, moe_ffn=2048,
                       n_shared_experts=1, first_dense=3,
-                      attention_params=mla_params(7168, 128, 1536, 512, 128, 64, 128))
+                      attention_params=mla_params(7168, 128, 1536, 512, 128, 64, 128),
+                      head_dims=(128 + 64, 128), route_nodes=4)  # n_limited_groups 4
+
+# Qwen3-235B-A22B as Megatron-Core's MoE model zoo trains it (yanring/Megatron-MoE-ModelZoo
+# 798dfb5, 2026-05-13, model_configs/benchmarking/Qwen3-235B-A22B.yaml): 94 layers, hidden
+# 4,096, 64 query heads of 128 (kv-channels) with 4 key/value groups and per-head q/k RMSNorm
+# (qk-layernorm), 128 experts of width 1,536, top-8, every layer MoE, no shared expert,
+# SwiGLU, RMSNorm, rotary positions, untied head, vocabulary padded to 1,187 x 128 = 151,936.
+# `moe_spec` counts 235.1B total, 22.2B active (the name's 235B and A22B).
+QWEN3_235B = MoESpec("Qwen3-235B-A22B", 94, 4096, 64, vocab_size=151936, seq_len=4096,
+                     ffn=12288, kv_heads=4, gated_mlp=True, bias=False, tied=False,
+                     learned_positions=False, n_experts=128, top_k=8, moe_ffn=1536,
+                     attention_params=2 * 4096 * 64 * 128 + 2 * 4096 * 4 * 128 + 2 * 128,
+                     head_dims=(128, 128))
 
 MODELS = {**REAL_MODELS, LLAMA3_405B.name: LLAMA3_405B, LLAMA31_8B.name: LLAMA31_8B,
-          MIXTRAL_8X7B.name: MIXTRAL_8X7B, DEEPSEEK_V3.name: DEEPSEEK_V3}
+          MIXTRAL_8X7B.name: MIXTRAL_8X7B, DEEPSEEK_V3.name: DEEPSEEK_V3,
+          QWEN3_235B.name: QWEN3_235B}
 
 
 def _key(name):

@@ -16,8 +16,9 @@ has (`timing.py` for the time terms):
 - the peak (`peak_memory`, what `Estimate.memory` holds and `fits` checks): the above plus
   the largest transient (`transients.py`): the loss's backward, the layer recomputed in
   backward, ZeRO-3's unsharded layers and gradients in flight;
-- time: the matmuls at the GPU's sustained matmul rate (MAMF, roofline for thin ones) and the
-  element-wise kernels at its memory bandwidth, stretched by the pipeline bubble (lesson 06's
+- time: the matmuls at the GPU's sustained matmul rate (MAMF x its fitted in-step share,
+  roofline for thin ones), the element-wise kernels and the loss's at its memory bandwidth,
+  stretched by the pipeline bubble (lesson 06's
   `bubble_formula`: the idle share of the step); plus what communication is not hidden (tp's
   all-reduces, the pipeline's fill and drain sends, cp's gathers of keys and values, dp / ZeRO's
   reductions and gathers) and Adam's step at memory bandwidth.
@@ -45,7 +46,7 @@ from dlcourse.parallel.pipeline.schedules import Action, interleaved_1f1b, one_f
 from dlcourse.planner import margin
 from dlcourse.planner.transients import transient_bytes
 from dlcourse.planner.timing import (BYTES, cp_time, dp_time, elementwise_bytes,
-                                     hardware_flops_per_token, layer_activations,
+                                     hardware_flops_per_token, layer_activations, loss_time,
                                      model_flops_per_token, optimizer_time, pp_time,
                                      shape_efficiency, tp_time)
 
@@ -211,7 +212,8 @@ def estimate(work, layout, cluster):
     elementwise = (elementwise_bytes(work, L) * spec.n_layers / L.pp * L.micro_batches
                    / gpu.hbm_bw)
     bubble = bubble_share(L)
-    compute = (matmuls + elementwise) / (1 - bubble)
+    loss = loss_time(work, L, gpu)  # on the last stage, which the others wait behind
+    compute = (matmuls + elementwise + loss) / (1 - bubble)
     tp, pp, cp = tp_time(work, L, cluster), pp_time(work, L, cluster), cp_time(work, L, cluster)
     dp, hideable = dp_time(work, L, cluster, n_params)
     exposed_dp = max(0.0, dp - hideable * (matmuls + elementwise))

@@ -8,7 +8,8 @@ lesson 11's `goodput.py` turns that into the fraction of time that trains someth
 published MFUs the planner is checked against are measured over steps, not days).
 
 The assumptions, stated once:
-- failures: Llama 3's rate per GPU (`goodput.LLAMA3_RATE`, Dubey et al. 2024 §3.3.4, Table 5);
+- failures: Llama 3's rate per GPU (`goodput.LLAMA3_RATE`, Dubey et al. 2024 §3.3.4, Table 5,
+  over 16,384 GPUs: our assumption, the paper gives no GPU count for its 54-day snapshot);
 - what a checkpoint saves: every parameter's bf16 weight, fp32 master copy and Adam's two fp32
   moments, 2 + 12 = 14 bytes (lesson 11's assumption; gradients are not saved). Any layout
   holds the same unique state: sharding changes who writes which bytes, replicas write one

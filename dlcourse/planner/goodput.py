@@ -2,10 +2,14 @@
 `lessons/11_checkpoints.ipynb`; the planner multiplies its tokens/s by `goodput_factor`, see
 `planner/failures.py`).
 
-The failure rate, from Llama 3 (Dubey et al. 2024, §3.3.4, Table 5): a 54-day snapshot of
-pre-training on 16,384 H100s saw 466 job interruptions, 47 planned and 419 unexpected. Assuming
-(1) every unexpected interruption is one GPU-server's failure, independent of the others, at a
-constant rate (a Poisson process), and (2) the rate scales with the number of GPUs:
+The failure rate, from Llama 3 (Dubey et al. 2024, arXiv 2407.21783; read in the paper's text
+dated July 23, 2024): "during a 54-day snapshot period of pre-training" of Llama 3 405B the job
+had 466 interruptions, 47 planned and 419 unexpected (§3.3.4; Table 5 sorts the 419 by cause).
+The paper does not say how many GPUs the snapshot ran on: 405B "is trained on up to 16K H100
+GPUs" (§3.3.1) and Table 4's stages use 8,192 or 16,384. We take 16,384 (an assumption: on
+8,192 the rate per GPU would be twice as high). Assuming further (1) every unexpected
+interruption is one GPU-server's failure, independent of the others, at a constant rate (a
+Poisson process), and (2) the rate scales with the number of GPUs:
 
     λ = 419 / (16,384 GPUs x 54 x 24 h)       failures per GPU-hour
     M = 1 / (N λ)                             the job's mean time between failures on N GPUs
@@ -25,7 +29,8 @@ import math
 from dataclasses import dataclass
 
 HOURS = 3600.0
-# Llama 3, §3.3.4 / Table 5: unexpected interruptions, GPUs, days of the snapshot
+# Llama 3: unexpected interruptions and days of the snapshot (§3.3.4, Table 5); the GPUs are
+# our assumption, the largest configuration of Table 4 (the paper gives none for the snapshot)
 LLAMA3_UNEXPECTED, LLAMA3_GPUS, LLAMA3_DAYS = 419, 16_384, 54
 LLAMA3_RATE = LLAMA3_UNEXPECTED / (LLAMA3_GPUS * LLAMA3_DAYS * 24)  # λ, failures per GPU-hour
 

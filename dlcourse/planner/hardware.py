@@ -8,9 +8,15 @@ compute/accelerator/README.md, measured with torch.matmul over a sweep of large 
 CUDA 12.1): A100 SXM 267.9 of 312 TFLOPS (85.9%), H100 SXM 792.1 of 989 (80.1%). The H200 has
 the H100's compute (its MAMF there: 794.5, 80.3%). No MAMF is published there for the L40S and
 RTX 4090: they get 0.80, the lowest NVIDIA figure in that table, an assumption said as such.
-Inside a training step a matmul keeps IN_LAYER_SHARE = 0.73 of its MAMF, measured on one
-A100 layer (`calibration.py`); `matmul_efficiency` = MAMF x 0.73 (A100 0.63, H100 0.58).
-Thin matmuls sustain less again (`timing.shape_efficiency`: the roofline at `hbm_bw`).
+Inside a training step a matmul keeps less of its MAMF (`in_step_share`): it shares the GPU
+with NCCL's kernels, waits on launches, runs at the model's shapes. That share is fitted per
+GPU on published runs of that GPU (`calibration.py`; which runs calibrate and which are held
+out is each run's `role`, published_runs.py): the A100's on Korthikanti et al.'s measured
+layer (IN_LAYER_SHARE), the H100 SXM's on five of Megatron-LM's nine H100 rows (H100_SHARE).
+The H200 (the H100's compute) takes the H100's share, the L40S and RTX 4090 the A100's: no
+published run of theirs is held against the planner, an assumption said as such.
+`matmul_efficiency` = MAMF x share. Thin matmuls sustain less again
+(`timing.shape_efficiency`: the roofline at `hbm_bw`).
 
 Memory (`memory`, bytes): what the driver reports, not the "80 GB" it is sold as. The cards
 carry binary capacities; nvidia-smi's memory.total (modal-labs/modal-client PR #2797,
@@ -44,7 +50,11 @@ from dataclasses import dataclass, replace
 
 GB = 1e9
 MiB = 2 ** 20
-IN_LAYER_SHARE = 0.73  # of the MAMF, kept inside a training step (`calibration.py` derives it)
+# Of the MAMF, kept inside a training step, fitted per GPU on its calibration runs
+# (`calibration.py` derives each; tests/test_planner.py holds them to it):
+IN_LAYER_SHARE = 0.73  # A100: Korthikanti et al. 2022, Table 4's layer
+H100_SHARE = 0.72  # H100 SXM: Megatron-LM's README rows 1, 3, 5, 7, 9 (published_runs.py)
+H100_500W_SHARE = 0.53  # torchtitan's 500 W HBM2e H100: its Table 1 FSDP row (published_runs)
 PRICE_CAVEAT = ("prices: one provider's on-demand list price on 2026-07-23 "
                 "(gpu-price-feed); yours will differ: pass --price")
 
@@ -60,35 +70,36 @@ class GPU:
     source: str  # where the memory, peak, bandwidth and price figures come from
     hbm_bw: float = 2e12  # bytes/s of device memory bandwidth, from the datasheet
     mamf: float = 0.8  # MAMF / peak: what a lone large bf16 matmul sustains (Bekman)
+    in_step_share: float = IN_LAYER_SHARE  # of the MAMF, kept in a training step (fitted)
     intra_alpha: float = 5e-6  # seconds to start one message inside a node
     inter_alpha: float = 10e-6  # ... between nodes
 
     @property
     def matmul_efficiency(self):
-        """Share of peak the matmuls sustain inside a training step: MAMF x IN_LAYER_SHARE."""
-        return self.mamf * IN_LAYER_SHARE
+        """Share of peak the matmuls sustain inside a training step: MAMF x in-step share."""
+        return self.mamf * self.in_step_share
 
     def with_price(self, price):
         return replace(self, price=price)
 
 
+A100_80GB = GPU("a100-80gb", 81920 * MiB, 312e12, 300 * GB, 25 * GB, 1.79,
+                "NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16 dense, 2,039 GB/s, NVLink 600 "
+                "GB/s; MAMF 85.9% (Bekman); DataCrunch A100 SXM4 80GB", hbm_bw=2039 * GB,
+                mamf=0.859)
+H100 = GPU("h100", 81559 * MiB, 989e12, 450 * GB, 50 * GB, 3.25,
+           "NVIDIA H100 datasheet (SXM): 989 TFLOPS bf16 dense, 3.35 TB/s, NVLink 900 GB/s; "
+           "MAMF 80.1% (Bekman); DataCrunch H100 SXM5 80GB", hbm_bw=3350 * GB, mamf=0.801,
+           in_step_share=H100_SHARE)
 GPUS = {g.name: g for g in [
-    GPU("a100-40gb", 40960 * MiB, 312e12, 300 * GB, 25 * GB, 1.29,
-        "NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16 dense, 1,555 GB/s, NVLink 600 GB/s; "
-        "MAMF 85.9% (Bekman); DataCrunch A100 SXM4 40GB", hbm_bw=1555 * GB,
-        mamf=0.859),
-    GPU("a100-80gb", 81920 * MiB, 312e12, 300 * GB, 25 * GB, 1.79,
-        "NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16 dense, 2,039 GB/s, NVLink 600 GB/s; "
-        "MAMF 85.9% (Bekman); DataCrunch A100 SXM4 80GB", hbm_bw=2039 * GB,
-        mamf=0.859),
-    GPU("h100", 81559 * MiB, 989e12, 450 * GB, 50 * GB, 3.25,
-        "NVIDIA H100 datasheet (SXM): 989 TFLOPS bf16 dense, 3.35 TB/s, NVLink 900 GB/s; "
-        "MAMF 80.1% (Bekman); DataCrunch H100 SXM5 80GB", hbm_bw=3350 * GB,
-        mamf=0.801),
-    GPU("h200", 143771 * MiB, 989e12, 450 * GB, 50 * GB, 4.00,
-        "NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, the H100's compute; MAMF "
-        "80.3% (Bekman); DataCrunch H200 SXM5 141GB", hbm_bw=4800 * GB,
-        mamf=0.803),
+    replace(A100_80GB, name="a100-40gb", memory=40960 * MiB, price=1.29, hbm_bw=1555 * GB,
+            source="NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16 dense, 1,555 GB/s, NVLink "
+                   "600 GB/s; MAMF 85.9% (Bekman); DataCrunch A100 SXM4 40GB"),
+    A100_80GB,
+    H100,
+    replace(H100, name="h200", memory=143771 * MiB, price=4.00, hbm_bw=4800 * GB, mamf=0.803,
+            source="NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, the H100's compute; "
+                   "MAMF 80.3% (Bekman); DataCrunch H200 SXM5 141GB"),
     GPU("l40s", 46068 * MiB, 362e12, 32 * GB, 12.5 * GB, 1.37,
         "NVIDIA L40S datasheet: 48 GB GDDR6 at 864 GB/s, 362 TFLOPS bf16 dense, PCIe 4.0 x16, "
         "no NVLink; MAMF assumed 80%; DataCrunch L40S 48GB", hbm_bw=864 * GB,

@@ -185,8 +185,8 @@ def check_ep(model, ep, n_gpus):
     """Refuse an ep no layout of `n_gpus` GPUs could use, with the rule book's sentence (ep
     divides the experts and the ranks it borrows; a dense model takes only ep 1)."""
     found = grid_problems(RankGrid(dp=n_gpus, ep=ep), model, Run(), "megatron")
-    if found:
-        raise ValueError(found[0])
+    if found:  # the experts' rule first: its "try ep in" lists what the model can take
+        raise ValueError(min(found, key=lambda p: "experts" not in p))
 
 
 def expert_sizes(work, n_gpus):

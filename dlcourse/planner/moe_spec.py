@@ -15,10 +15,14 @@ MLP n x moe_ffn wide (lesson 09's `SharedExperts`). The router is an E x h matri
 
 Multi-head latent attention (DeepSeek-V2/V3) does not fit `ModelSpec`'s q/k/v/o shapes; a spec
 may give `attention_params` (one layer's attention weights, counted from the model's config) and
-the counts here use it. The rest of the planner (activations, FLOPs of the scores) still sees
-attention as n_heads heads of h / n_heads with kv_heads K/V heads: for DeepSeek-V3 that is
-MLA's 128 heads at 7168 / 128 = 56 wide against its real 192-wide queries and keys and
-128-wide values, an undercount of the attention's activations and score FLOPs, said here.
+the counts here use it. The score FLOPs (`moe_cost.score_flops_per_token`) and an MoE layer's
+saved Q, K, V and attention output (`moe_activations.py`) use `head_dims` when a spec gives
+them: for DeepSeek-V3 MLA's 128 heads of 192-wide queries and keys and 128-wide values, not
+7168 / 128 = 56; the dense planner's other terms (the transients) still see h / n_heads.
+
+`route_nodes` is DeepSeek-V3's node-limited routing (report §2.1.2: each token to experts on
+at most M = 4 nodes; config_671B.json's n_limited_groups): the network carries one copy of a
+token to each of those nodes at most (`moe_cost.network_copies`).
 """
 
 from dataclasses import dataclass
@@ -36,6 +40,8 @@ class MoESpec(ModelSpec):
     moe_every: int = 1  # of the rest, every moe_every-th is MoE (lesson 09's MoEConfig)
     capacity_factor: float = None  # None: dropless; else capacity ceil(c k N / E) (moe.py)
     attention_params: int = None  # one layer's attention weights, when not q/k/v/o (MLA)
+    head_dims: tuple = None  # (query/key, value) width of a head, when not h / n_heads
+    route_nodes: int = None  # node-limited routing: each token to at most this many nodes
 
     def __post_init__(self):
         for name in ("n_experts", "top_k", "moe_ffn"):

@@ -6,7 +6,9 @@ the planner's speed for it is within `TOLERANCE` of the reported one, and where 
 states memory per GPU, the planner's within `MEMORY_TOLERANCE`. Settings a source does not
 state (for Narayanan et al., interleaving) are left to the planner: it predicts the fastest
 layout that fits among those with the published grid, batch and stated settings. Nothing here
-is tuned per run: every run goes through the same `estimate`.
+is tuned per run: every run goes through the same `estimate`. One number per GPU is fitted,
+its in-step share of the MAMF, on the runs whose `role` is "calibration" (`calibration.py`);
+the table's last column says which, and the runs "held out" check it.
 
 The runs themselves, with their sources: `published_runs.py`.
 """

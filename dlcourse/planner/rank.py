@@ -185,7 +185,8 @@ def memory_line(e, gpu):
 
 
 TERMS = {"compute (bubble included)": "compute_time", "tp all-reduces": "tp_time",
-         "cp gathers": "cp_time", "pp sends": "pp_time", "dp / ZeRO traffic": "dp_time",
+         "cp gathers": "cp_time", "ep all-to-alls": "ep_time", "pp sends": "pp_time",
+         "dp / ZeRO traffic": "dp_time",
          "Adam's step": "optimizer_time"}
 
 

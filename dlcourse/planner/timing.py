@@ -6,6 +6,8 @@ them up). Every term is a count of FLOPs or bytes over a rate the GPU or link ha
     element-wise  the activations' bytes written, read and their gradients written, over HBM
                   bandwidth (these kernels do no matmul: Ivanov et al. 2021, "Data Movement Is
                   All You Need", find them memory-bound)
+    loss          the cross-entropy's kernels over the logits (fp32 softmax, its gradient, the
+                  casts), bytes a logit over HBM bandwidth, on the last stage (`loss_time`)
     optimizer     Adam reads and writes its fp32 state, reads the gradient and writes the bf16
                   parameter: 28 bytes per parameter this GPU updates, over HBM bandwidth
     tp, cp, pp, dp  lesson 02's alpha-beta ring costs of the collectives and sends each axis needs
@@ -14,6 +16,7 @@ them up). Every term is a count of FLOPs or bytes over a rate the GPU or link ha
 from dlcourse.collectives.cost import predict_time
 from dlcourse.memory.calculator import spec_params
 from dlcourse.planner.activations import layer_activation_bytes, op_recomputed_linears
+from dlcourse.planner.transients import logits
 
 BYTES = 2  # bf16 activations, parameters and gradients (mixed precision)
 ADAM_BYTES = 2 * 12 + 2 + 2  # read + write fp32 master, m, v; read bf16 grad; write bf16 param
@@ -70,6 +73,26 @@ def elementwise_bytes(work, L):
     the stored bytes without recomputation (4 with full recomputation's second forward)."""
     stored = layer_activations(work, L, recompute="none")
     return stored * (4 if L.recompute in ("full", "op") else 3)  # "op" reruns the cheap ops
+
+
+# Bytes the loss's kernels move per logit, forward and backward, each kernel reading its inputs
+# and writing its output once (`Workload.loss`):
+# - "in place", Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/
+#   cross_entropy.py): .float() (read 2, write 4), max (4), the in-place subtraction (4 + 4),
+#   exp (4 + 4), its sum (4), the in-place division into the softmax it saves (4 + 4): 38;
+#   backward: the gradient scaled in place (4 + 4) and cast back to bf16 (4 + 2): 14;
+# - "fp32 eager", torchtitan's cross_entropy(pred.float()) under autograd: .float() (2 + 4),
+#   log_softmax (4 + 4); backward: nll_loss's zeroed fp32 gradient (4), log_softmax's backward
+#   (4 + 4 + 4), the cast back (4 + 2): 36, whether or not the fp32 `pred` is kept.
+LOSS_TRAFFIC_BYTES = {"in place": 52, "fp32 eager": 36, "fp32 eager, pred kept": 36}
+
+
+def loss_time(work, L, gpu):
+    """Seconds the loss's element-wise kernels take in one step on the last stage: every
+    micro-batch's logits (tokens x vocabulary / tp) x LOSS_TRAFFIC_BYTES over HBM bandwidth.
+    Its share grows as the vocabulary does beside the width: 6% of a 1.7B GPT's step at
+    vocabulary 131,072 and hidden 2,048 on an H100, under 1% for a 70B."""
+    return LOSS_TRAFFIC_BYTES[work.loss] * logits(work, L) * L.micro_batches / gpu.hbm_bw
 
 
 def layer_activations(work, L, recompute=None):

@@ -5,8 +5,9 @@ import math
 import numbers
 from collections.abc import Mapping
 
-from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases, kind
 from dlcourse.checks.combine.answers import ANSWERS
+from dlcourse.checks.core import (call_each_in_process, call_in_process, expect_callable, fail,
+                                  fresh_cases, kind)
 
 
 AXES = ("pp", "dp", "tp")
@@ -55,17 +56,19 @@ def check_rank_coords(rank_coords, *, rng):
     place in a grid whose axes are laid out in `order`, outermost first."""
     __tracebackhide__ = True
     expect_callable(rank_coords, "rank_coords")
-    for sizes, order in draw_grids(rng):
-        expected = reference_coords(sizes, order)
-        for rank, want in enumerate(expected):
-            where = f"rank_coords({rank}, {sizes}, {order})"
-            got = call_in_process(rank_coords, (rank, dict(sizes), order), exercise="rank_coords",
-                                  where=where, guard=ANSWERS.in_process, hint=COORDS_HINT)
-            got = _as_axes(got, where, "a whole-number coordinate", COORDS_HINT)
-            if got != want:
-                fail(where, None, f"returned {got}, expected {want} in the "
-                                  f"{describe_grid(sizes, order)}",
-                     _coords_hint(got, rank, sizes, order))
+    cases = [(rank, sizes, order, want) for sizes, order in draw_grids(rng)
+             for rank, want in enumerate(reference_coords(sizes, order))]
+    calls = [((rank, dict(sizes), order), f"rank_coords({rank}, {sizes}, {order})")
+             for rank, sizes, order, _ in cases]
+    # every rank of every grid in one call: graded, one launch instead of about 60
+    answers = call_each_in_process(rank_coords, calls, exercise="rank_coords",
+                                   guard=ANSWERS.in_process, hint=COORDS_HINT)
+    for (rank, sizes, order, want), (_, where), got in zip(cases, calls, answers):
+        got = _as_axes(got, where, "a whole-number coordinate", COORDS_HINT)
+        if got != want:
+            fail(where, None, f"returned {got}, expected {want} in the "
+                              f"{describe_grid(sizes, order)}",
+                 _coords_hint(got, rank, sizes, order))
     print(f"rank_coords: passed on {CASES} grids of 2 to 16 ranks in random axis orders, every "
           "rank of each")
 

@@ -10,6 +10,8 @@ engine (`dlcourse/checks/core/answers.py`):
   in `reference.py`, the cases and helpers of each check, private ones too): a check's
   reference is an answer key. (The expected results are computed after the student's function
   returned, or in the checking process while it runs on ranks: no frame holds them.)
+Under `dlcourse grade` a rank has none of these modules at all: it loads `in_rank.py` only
+(`rank_side`), and the in-process refusal is left for torch's answers.
 """
 
 from dlcourse.checks.core.answers import Answers
@@ -26,4 +28,5 @@ TORCH_ANSWERS = (("torch.distributed.tensor.experimental", "context_parallel"),)
         "_HeadTailLoadBalancer", "_PerDocumentHeadTailLoadBalancer", "_PTRRLoadBalancer"))
 
 ANSWERS = Answers(packages=("dlcourse.parallel.context",), torch=TORCH_ANSWERS,
-                  checks=("dlcourse.checks.context",), private=True)
+                  checks=("dlcourse.checks.context",), private=True,
+                  rank_side=("dlcourse.checks.context.in_rank",))

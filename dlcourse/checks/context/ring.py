@@ -6,7 +6,7 @@ ring_attention_step(q, kv, out, lse, q_pos, kv_pos, group) -> (out, lse, kv_next
 block this rank holds, kv (2, b, a, n, d), to its neighbour on the ring and receive the next one
 from the other side, attend the queries q (b, a, n, d) to kv under the causal mask (from the
 global positions q_pos and kv_pos), and merge that into the running (out, lse). The check's
-harness (`_ring_in_rank`) calls it cp times on each of cp ranks, from out = 0 and lse = -inf
+harness (`in_rank.ring_in_rank`) calls it cp times on each of cp ranks, from out = 0 and lse = -inf
 (in one case from the attention over a prefix of keys every query sees, so that a step that
 recomputes from blocks it kept instead of merging into what it is given fails), each rank sent
 only its own tokens; after step j the result must equal plain causal attention over the keys
@@ -26,15 +26,13 @@ the check could only report as a hang.)
 """
 
 import torch
-import torch.distributed as dist
 
-from dlcourse.checks.context.reference import attention, contiguous, normal, world_sizes, zigzag
 from dlcourse.checks.context.answers import ANSWERS
-from dlcourse.checks.context.ring_mistakes import (GROUP_RANKS, RING_HINT, explain, keys_seen,
-                                                   peers_explained)
+from dlcourse.checks.context.in_rank import GROUP_RANKS, fingerprint, ring_in_rank
+from dlcourse.checks.context.reference import attention, contiguous, normal, world_sizes, zigzag
+from dlcourse.checks.context.ring_mistakes import RING_HINT, explain, keys_seen
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, describe, expect_callable, fail,
                                   fresh_cases, run_on_ranks)
-from dlcourse.collectives.counter import CommCounter
 
 WHY_P2P = ("the K/V blocks go around the ring with point-to-point ops: dist.send/recv, "
            "isend/irecv or batch_isend_irecv")
@@ -71,70 +69,6 @@ def _start(q, prefix):
     if prefix is None:
         return torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
     return attention(q, prefix[0], prefix[1], None, None, causal=False)
-
-
-def fingerprint(kv):
-    """Two numbers that tell the ranks' K/V blocks apart (random values: no two alike)."""
-    return torch.stack([kv.sum(), (kv * kv).sum()])
-
-
-def _ring_in_rank(student, q, kv, positions, fingerprints, prefix, groups):
-    """Runs in every rank: cp steps of the student's ring on this rank's CP group (the world,
-    or with groups = 2 the first or the last cp ranks), from out = 0 and lse = -inf, or from the
-    attention over a prefix (so that a step must merge into what it is given). Per step: (whose
-    block it held, as a rank of its group; out; lse; the global rank whose block came back, or
-    None; the send/recv it made as (op, peer within the group, bytes); a problem with what it
-    returned, or None). Every rank makes all cp calls whatever it got, so that one rank's
-    mistake does not leave the others waiting."""
-    group = _cp_group(groups)
-    rank, cp = dist.get_rank(group), dist.get_world_size(group)
-    out, lse = _start(q, prefix)  # (b, a, n, d), (b, a, n)
-    held, steps = rank, []
-    for _ in range(cp):
-        with CommCounter() as comm:
-            result = peers_explained(student, group, q.clone(), kv.clone(), out.clone(),
-                                      lse.clone(), positions[rank].clone(),
-                                      positions[held].clone(), group)
-        moved = [(r.op, r.peer, r.nbytes) for r in comm.records]
-        got, problem = _unpack(result, q, kv)
-        src = None
-        if problem is None:
-            out, lse, kv_next = got
-            found = [g for g, f in enumerate(fingerprints)
-                     if torch.allclose(fingerprint(kv_next), f, rtol=1e-12, atol=0)]
-            src = found[0] if found else None
-        steps.append((held, out, lse, src, moved, problem))
-        if src is not None and src // cp == dist.get_rank() // cp:  # from its own group
-            held, kv = src % cp, kv_next
-    return steps
-
-
-def _cp_group(groups):
-    """This rank's CP group: the world, or (groups = 2) a dp 2 x cp grid's, cp innermost:
-    ranks 0..cp-1 or cp..2cp-1. Every rank makes every group (new_group asks it)."""
-    if groups == 1:
-        return dist.group.WORLD
-    cp = dist.get_world_size() // groups
-    made = [dist.new_group(list(range(k * cp, (k + 1) * cp))) for k in range(groups)]
-    return made[dist.get_rank() // cp]
-
-
-def _unpack(result, q, kv):
-    """((out, lse, kv_next) as float64 tensors, None), or (None, what is wrong with them)."""
-    if not isinstance(result, (tuple, list)) or len(result) != 3:
-        return None, f"returned {_kind(result)}, expected (out, lse, kv_next)"
-    shapes = (q.shape, q.shape[:-1], kv.shape)
-    got = []
-    for name, value, shape in zip(("out", "lse", "kv_next"), result, shapes):
-        try:
-            value = torch.as_tensor(value, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            return None, f"returned {_kind(value)} as {name}, expected numbers"
-        if value.shape != shape:
-            return None, (f"returned {name} of shape {tuple(value.shape)}, expected "
-                          f"{tuple(shape)}")
-        got.append(value)
-    return got, None
 
 
 @fresh_cases
@@ -179,11 +113,12 @@ def _check_case(step_fn, rng, cp, layout, scale, prefixed, groups, timeout):
              + (f", starting from the (out, lse) of {cases[0][3].size(3)} keys every query sees"
                 if prefixed else ""))
     rank_args = [(cases[g // cp][0][g % cp], kv_of[g], positions, fingerprints,
-                  cases[g // cp][3], groups) for g in range(world)]
+                  _start(cases[g // cp][0][g % cp], cases[g // cp][3]), groups)
+                 for g in range(world)]  # the prefix's attention computed here, not in a rank
     outcomes = run_on_ranks(step_fn, rank_args,
                             exercise="ring_attention_step", where=where, hint=RING_HINT,
                             forbid=COLLECTIVES, why_forbidden=WHY_P2P, hang_hint=RING_HANG,
-                            harness=_ring_in_rank, guard=ANSWERS.in_rank, timeout=timeout)
+                            harness=ring_in_rank, guard=ANSWERS.in_rank, timeout=timeout)
     for k, ranks in enumerate(members):
         qs, kvs, _, prefix = cases[k]
         steps = [_in_group(outcomes[g][0], ranks, where, g) for g in ranks]  # steps[r][j]
@@ -272,7 +207,3 @@ def _expect_transfer(step, j, r, cp, direction, kv, where, who):
         if total != size:
             fail(where, who, f"{at} {verb} {total} bytes through {op}, expected the block's "
                             f"{size} bytes (K and V, once) a step", RING_HINT)
-
-
-def _kind(value):
-    return describe(value) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"

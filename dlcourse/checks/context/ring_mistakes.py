@@ -2,14 +2,11 @@
 return or raise, each with the hint that names it. A wrong answer is rebuilt here from the
 keys a rank has seen (`keys_seen`) and compared with what came back: the diagonal masked, a
 mask from local indices, no mask, the blocks alone instead of merged, an overflowing softmax.
-Group ranks passed where torch 2.13 reads global ones raise inside torch (`peers_explained`
+Group ranks passed where torch 2.13 reads global ones raise inside torch (`in_rank.peers_explained`
 says which numbering torch reads).
 """
 
-import re
-
 import torch
-import torch.distributed as dist
 
 from dlcourse.checks.context.reference import attention, attention_where
 
@@ -17,11 +14,6 @@ RING_HINT = ("send kv to the group's rank (rank + 1) % cp, receive the next bloc
              "(rank - 1) % cp into a new buffer (group ranks: group_peer= in dist.P2POp, or "
              "dist.get_global_rank(group, i) for peer=); attend q to kv with the mask q_pos >= "
              "kv_pos; merge with the log-sum-exps as in exercise 1")
-GROUP_RANKS = ("torch 2.13 reads peer= (dist.P2POp) and dst=/src= (isend, irecv, send, recv) as "
-               "GLOBAL ranks, whatever group you pass; dist.get_rank(group) is the rank within "
-               "the group. On a CP group that is not the world they differ: pass the group's "
-               "numbering as group_peer= (group_dst=/group_src=), or convert it with "
-               "dist.get_global_rank(group, i)")
 
 
 def keys_seen(kvs, positions, owners, prefix):
@@ -70,19 +62,3 @@ def explain(name, got, q, kvs, held, owners, positions, prefix, r, j):
                 "of all -inf is NaN; skip such rows (or a block no query can see), or zero them "
                 "before merging")
     return RING_HINT
-
-
-def peers_explained(student, group, *args):
-    """student(*args); torch's error for a peer outside the group, or for a send to oneself,
-    comes back saying which rank numbering torch reads."""
-    try:
-        return student(*args)
-    except (ValueError, RuntimeError) as error:
-        said = str(error)
-        if "not part of group" not in said and "same as the rank of the current" not in said:
-            raise
-        members = dist.get_process_group_ranks(group)
-        said = re.sub(r"<torch[^>]*>", f"{members}", said.splitlines()[0])
-        raise ValueError(f"{said} (this is global rank {dist.get_rank()}, rank "
-                         f"{dist.get_rank(group)} of the CP group of global ranks {members}). "
-                         f"{GROUP_RANKS}") from None

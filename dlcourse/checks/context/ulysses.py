@@ -19,7 +19,7 @@ from dlcourse.checks.context.reference import normal, world_sizes
 from dlcourse.checks.context.answers import ANSWERS
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, describe, expect_callable, fail,
                                   fresh_cases, run_on_ranks)
-from dlcourse.collectives.counter import CommCounter
+from dlcourse.checks.context.in_rank import seq_to_heads_in_rank
 
 ALLOWED = ("all_to_all", "all_to_all_single")
 WHY_ALL_TO_ALL = ("the re-layout is one all-to-all: each rank sends every other rank the heads "
@@ -28,20 +28,6 @@ WHY_ALL_TO_ALL = ("the re-layout is one all-to-all: each rank sends every other 
 ULYSSES_HINT = ("split x's heads into cp groups of a/cp; send group j to rank j with one "
                 "all-to-all; what comes back from rank i is tokens i·s/cp to (i+1)·s/cp - 1 of "
                 "your heads: concatenate along the sequence dimension in rank order")
-
-
-def _in_rank(student, x):
-    """Runs in every rank: the student's function on this rank's x, and the bytes it sent."""
-    import torch.distributed as dist
-    with CommCounter() as comm:
-        got = student(x.clone(), dist.group.WORLD)
-    leaving = 0  # bytes that leave the rank: an all-to-all keeps its own 1/cp
-    for r in comm.records:
-        if r.op == "send":
-            leaving += r.nbytes
-        elif r.op == "all_to_all":
-            leaving += r.nbytes * (r.group_size - 1) // r.group_size
-    return got, leaving
 
 
 @fresh_cases
@@ -74,7 +60,7 @@ def _check_case(seq_to_heads, rng, cp, h, n, timeout):
     outcomes = run_on_ranks(seq_to_heads, [(x,) for x in shards], exercise="seq_to_heads",
                             where=where, hint=ULYSSES_HINT,
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
-                            why_forbidden=WHY_ALL_TO_ALL, harness=_in_rank,
+                            why_forbidden=WHY_ALL_TO_ALL, harness=seq_to_heads_in_rank,
                             guard=ANSWERS.in_rank, timeout=timeout, receives=[must] * cp)
     for r, ((got, leaving), after) in enumerate(outcomes):
         if not torch.equal(after[0], shards[r]):

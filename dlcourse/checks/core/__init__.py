@@ -63,14 +63,18 @@ The API:
   cannot tabulate the answers), keeping fixed edge cases first; a failure names the seed, and
   `check_x(fn, seed=S)` repeats the run.
 - For exercises that are formulas, not ranks: `call_in_process(fn, args, exercise=, where=,
-  guard=)` runs the student's function here and turns what it raises into `CheckFailed`;
+  guard=)` runs the student's function here and turns what it raises into `CheckFailed`
+  (`call_each_in_process(fn, [(args, where)], ...)` for many cases: graded, one launch);
   `replaced(namespaces, [(original, stand_in)])` with `refusal(what, why)` as the stand-in makes
   a library function that holds the answer raise while the student's function runs, however it
   is reached: by any name, a default argument, or a copy of it (`refuse.py`).
 - `Answers(packages=, torch=, single=, checks=, allow=, also=)`: what an exercise set refuses,
   declared once (the lesson's code, torch's, the set's own check modules); a check passes
   `guard=ANSWERS.in_rank` to `run_on_ranks`, `guard=ANSWERS.in_process` to `call_in_process`
-  (`answers.py`).
+  (`answers.py`). `Answers(rank_side=("dlcourse.checks.<set>.in_rank",))` names the set's
+  rank-side code (harnesses, `call_in_process(answer=)`): it imports no answer, and under
+  `dlcourse grade` it is all a rank loads of the set, the answer modules absent from the rank
+  (`grading/absent.py`); references are computed here, in the checking process.
 - `expect_callable(fn, exercise)`: the grader cell got the function itself, not its result.
 """
 
@@ -80,6 +84,7 @@ from dlcourse.checks.core.expect import (CheckFailed, as_tensor, describe, dtype
                                          expect_callable, expect_none, expect_tensor,
                                          expect_unchanged, fail, kind, random_tensor)
 from dlcourse.checks.core.ranks import (CHECK_TIMEOUT_S, COLLECTIVES, StudentCode,  # noqa: F401
-                                        Submitted, call_in_process, run_on_ranks)
+                                        Submitted, call_each_in_process, call_in_process,
+                                        run_on_ranks)
 from dlcourse.checks.core.communication import forbidden, no_store, none_named  # noqa: F401
 from dlcourse.checks.core.refuse import ForbiddenCall, Refused, refusal, replaced  # noqa: F401

@@ -32,6 +32,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import os
 import pkgutil
 import sys
 
@@ -55,13 +56,22 @@ class Answers:
     why: str = WHY
     keep_classes: bool = False  # a class keeps its names, refused through its methods
     private: bool = False  # the packages' private functions and classes are answers too
+    # the modules of `checks` that run in a graded rank (harnesses, importing no answer): with
+    # them declared, a graded rank has none of the answer modules (`absence`), else it imports
+    # them and cannot read their files (`hidden`)
+    rank_side: tuple = None
 
     def objects(self):
         """[(name, object)]: the library's and torch's answers, each once."""
         found = dict((id(o), (n, o)) for n, o in library_answers(self.packages, self.torch,
                                                                   self.private))
         for module_name, attribute in self.single:
-            obj = getattr(importlib.import_module(module_name), attribute)
+            try:
+                obj = getattr(importlib.import_module(module_name), attribute)
+            except ModuleNotFoundError as error:  # absent from a graded rank: nothing to refuse
+                if error.name != module_name:
+                    raise
+                continue
             found.setdefault(id(obj), (f"{attribute} from {module_name}", obj))
         return list(found.values())
 
@@ -91,12 +101,29 @@ class Answers:
         names += [m.__name__ for package in (*self.packages, *self.checks)
                   for m in package_modules(package)]
         modules = [importlib.import_module(name) for name in dict.fromkeys(names)]
-        files = []
-        for module in modules:
-            source = getattr(module, "__file__", None)
-            if source and module.__name__.startswith("dlcourse"):
-                files += [source, importlib.util.cache_from_source(source)]
+        files = [f for module in modules for f in _files(module)]
         return tuple(m.__name__ for m in modules), tuple(files)
+
+    def absence(self):
+        """The `grading.absent.Absence` of a graded rank of this set: the answer modules (the
+        packages, `single`'s modules and the check packages, less `rank_side`), their files,
+        and the fingerprints of their functions' code (computed here, where they are loaded)."""
+        from dlcourse.grading.absent import Absence
+        names, files = self.hidden()
+        rank_side = tuple(self.rank_side or ())
+        blocked = tuple(dict.fromkeys([*self.packages, *self.checks,
+                                       *(m for m, _ in self.single)]))
+        kept = [f for name in rank_side for f in _files(importlib.import_module(name))]
+        return Absence(blocked=blocked, rank_side=rank_side,
+                       files=tuple(os.path.realpath(f) for f in files if f not in kept),
+                       **_fingerprinted(self.objects() + self.keys(), rank_side))
+
+    def graded(self):
+        """What a graded rank of this set refuses in-process: this same declaration, whose walk
+        finds no absent module there (`package_modules` skips a module that does not import),
+        so what is refused is what the rank has: torch's answers, and the `rank_side` modules
+        (a lesson module a harness needs too, e.g. the catalogue's runs in lesson 10)."""
+        return self
 
     @contextlib.contextmanager
     def _refusing(self, namespaces=()):
@@ -120,6 +147,32 @@ class Answers:
     def but(self, **changes):
         """This declaration with some fields changed: one exercise's own refusals."""
         return dataclasses.replace(self, **changes)
+
+
+def _files(module):
+    """A course module's source and compiled files; none for another's."""
+    source = getattr(module, "__file__", None)
+    if not source or not module.__name__.startswith("dlcourse"):
+        return []
+    return [source, importlib.util.cache_from_source(source)]
+
+
+def _fingerprinted(answers, rank_side):
+    """{"names", "fingerprints"} of the code of `answers` ([(name, object)]: functions, and
+    classes' methods) that the course defines, less what `rank_side` modules define."""
+    from dlcourse.grading.absent import fingerprint
+    functions = []
+    for name, obj in answers:
+        module = getattr(obj, "__module__", None) or ""
+        if module in rank_side or not module.startswith("dlcourse"):  # torch is not absent
+            continue
+        if inspect.isclass(obj):
+            functions += [fn for _, fn in class_methods(name, obj)]
+        elif inspect.isfunction(obj):
+            functions.append(inspect.unwrap(obj))
+    codes = [fn.__code__ for fn in functions]
+    return {"names": tuple(sorted({c.co_qualname for c in codes})),
+            "fingerprints": frozenset(fingerprint(c) for c in codes)}
 
 
 def _restore(namespace, saved):

@@ -55,12 +55,13 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     world_size = len(rank_args)
     submitted = isinstance(fn, Submitted)
     payload = fn.payload if submitted else pickling.dumps(fn)
-    student = StudentCode(payload, tuple(forbid), why_forbidden, guard)
     # A submission's function (`dlcourse grade`) may have changed anything in its ranks: what
-    # they send back is read as data only, never unpickled as objects here.
-    # Its ranks import the exercise's answers, then cannot read their files (`_hidden`).
+    # they send back is read as data only, never unpickled as objects here. Its ranks have
+    # none of the exercise's answers (`_graded`).
+    launch_options, rank_guard = _graded(guard, "in_rank") if submitted else ({}, guard)
+    student = StudentCode(payload, tuple(forbid), why_forbidden, rank_guard)
     measured = {}
-    start = functools.partial(launch_as_data, **_hidden(guard)) if submitted else launch_watched
+    start = functools.partial(launch_as_data, **launch_options) if submitted else launch_watched
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
         # each rank gets its own arguments only: none can read another's (or the whole)
@@ -91,17 +92,24 @@ def _expect_received(measured, receives, where, hint):
                               + (f"\nHint: {hint}" if hint else ""))
 
 
-def _hidden(guard, *args):
-    """launch_as_data's `preload` and `hide`: the modules and files of the `Answers` that
-    `guard(*args)` refuses (`Answers.hidden`); none for a guard of another kind."""
+def _graded(guard, kind, *args):
+    """(launch_as_data's options, the guard a graded rank enters) for `guard(*args)`'s `Answers`:
+    - a set that declares its `rank_side` code: the answer modules absent from the rank
+      (`grading/absent.py`), torch's answers still refused there (`Answers.graded`);
+    - any other: the answer modules imported, then their files hidden (`Answers.hidden`);
+    - a guard of another kind: as it is, nothing hidden.
+    `kind` is the guard's flavour: "in_rank" (`run_on_ranks`) or "in_process" (one rank)."""
     try:
         answers = getattr(guard(*args), "answers", None) if guard else None
     except Exception:  # a guard that needs what it guards: it hides nothing
         answers = None
     if answers is None:
-        return {}
-    preload, hide = answers.hidden()
-    return {"preload": preload, "hide": hide}
+        return {}, guard
+    if answers.rank_side is None:
+        preload, hide = answers.hidden()
+        return {"preload": preload, "hide": hide}, guard
+    absence = answers.absence()
+    return {"hide": absence.files, "absence": absence}, getattr(answers.graded(), kind)
 
 
 class StudentCode:
@@ -226,9 +234,10 @@ _WHERE, _HINT = "\x00where\x00", "\x00hint\x00"
 def _call_submitted(fn, args, exercise, where, guard, hint, answer):
     __tracebackhide__ = True
     try:
+        options, guard = _graded(guard, "in_process", None)
         [value] = launch_as_data(_call_in_rank, fn.payload, args, exercise, _WHERE, guard,
                                  _HINT if hint else "", answer, world_size=1, backend="gloo",
-                                 timeout=CHECK_TIMEOUT_S, **_hidden(guard, None))
+                                 timeout=CHECK_TIMEOUT_S, **options)
         return value
     except RankTimeout:
         raise CheckFailed(f"{where}: did not return within {CHECK_TIMEOUT_S:g} s") from None
@@ -244,6 +253,69 @@ def _call_in_rank(payload, args, exercise, where, guard, hint, answer):
     """The rank's side of `_call_submitted`: the function loaded and called as `_call` would."""
     fn = student_runs(pickling.loads, (payload,), {}, ())  # the audit hook armed
     return _call(fn, args, exercise, where, guard, hint, answer)
+
+
+def call_each_in_process(fn, cases, *, exercise, guard=None, hint="", answer=None):
+    """`call_in_process` over many cases, [(args, where)]: yields each case's value in order,
+    and raises the first case's CheckFailed where it comes, as the calls one by one would. A
+    `Submitted` function runs every case on one rank in one launch (a formula exercise of 60
+    cases: one launch, not 60), which stops at the first case that fails."""
+    __tracebackhide__ = True
+    expect_callable(fn, exercise)
+    if not isinstance(fn, Submitted):
+        for args, where in cases:
+            yield _call(fn, args, exercise, where, guard, hint, answer)
+        return
+    wheres = [where for _, where in cases]
+    for kind, value in _call_each_submitted(fn, [args for args, _ in cases], exercise, wheres,
+                                            guard, hint, answer):
+        if kind == "failed":
+            raise CheckFailed(value)
+        yield value
+
+
+def _case_marker(i):
+    return f"\x00where {i}\x00"
+
+
+def _call_each_submitted(fn, args_list, exercise, wheres, guard, hint, answer):
+    """[("value", v) | ("failed", message)] of the cases up to the first that fails, from one
+    rank; the rank is sent markers in place of the cases' names (`_WHERE`'s reason)."""
+    __tracebackhide__ = True
+    where_all = f"{exercise} on {len(wheres)} cases"
+    try:
+        options, guard = _graded(guard, "in_process", None)
+        [results] = launch_as_data(_call_each_in_rank, fn.payload, args_list, exercise, guard,
+                                   _HINT if hint else "", answer, world_size=1, backend="gloo",
+                                   timeout=CHECK_TIMEOUT_S * len(args_list), **options)
+    except RankTimeout:
+        raise CheckFailed(f"{where_all}: did not return within "
+                          f"{CHECK_TIMEOUT_S * len(args_list):g} s") from None
+    except RankError as error:
+        raise CheckFailed(_explain(exercise, where_all, hint, error)) from None
+    named = []
+    for kind, value in results:
+        if kind == "failed":
+            for i, where in enumerate(wheres):
+                value = value.replace(_case_marker(i), where)
+            value = value.replace(_HINT, hint)
+        named.append((kind, value))
+    return named
+
+
+def _call_each_in_rank(payload, args_list, exercise, guard, hint, answer):
+    """The rank's side of `_call_each_submitted`: the function loaded once, each case called
+    as `_call` would, up to the first that fails."""
+    fn = student_runs(pickling.loads, (payload,), {}, ())  # the audit hook armed
+    results = []
+    for i, args in enumerate(args_list):
+        try:
+            results.append(("value", _call(fn, args, exercise, _case_marker(i), guard, hint,
+                                           answer)))
+        except CheckFailed as failed:
+            results.append(("failed", str(failed)))
+            break
+    return results
 
 
 def _call(fn, args, exercise, where, guard, hint, answer=None):

@@ -10,5 +10,9 @@ sixth torch's analyser of flight-recorder dumps (`flight.py`'s `FLIGHT_ANSWERS`)
 
 from dlcourse.checks.core.answers import Answers
 
+# A graded rank loads the set's rank side and the catalogue's runs it needs (refused there while
+# the student's code runs); the finders, lesson 04's fix and the references are absent from it.
 ANSWERS = Answers(packages=("dlcourse.debug", "dlcourse.parallel.tensor.grads"),
-                  checks=("dlcourse.checks.debug",), keep_classes=True)
+                  checks=("dlcourse.checks.debug",), keep_classes=True,
+                  rank_side=("dlcourse.checks.debug.in_rank", "dlcourse.debug.bugs",
+                             "dlcourse.debug.subjects", "dlcourse.debug.capture"))

@@ -26,8 +26,9 @@ import numbers
 
 from dlcourse.checks.core import (CheckFailed, call_in_process, expect_callable, fail,
                                   fresh_cases, kind)
-from dlcourse.checks.debug.reference import first_gap
 from dlcourse.checks.debug.answers import ANSWERS
+from dlcourse.checks.debug.in_rank import place_as_data
+from dlcourse.checks.debug.reference import first_gap
 from dlcourse.checks.debug.runs import CORRECT, all_traces, traces_afresh
 from dlcourse.checks.core.stubs import not_written, stub_message
 from dlcourse.debug.compare import TOLERANCE
@@ -133,15 +134,6 @@ def _nudged(trace, want, rng):
         k = int(t.abs().argmax())
         t[k] += NUDGE * max(1.0, float(t.abs().max()))
     return trace
-
-
-def place_as_data(got, *args):
-    """`call_in_process(answer=...)`: an object with step, phase and name (a dataclass) as the
-    tuple it means, made where it was returned: a graded submission's rank sends back data only."""
-    if got is not None and not isinstance(got, (tuple, list, dict)) \
-            and all(hasattr(got, k) for k in ("step", "phase", "name")):
-        return got.step, got.phase, got.name
-    return got
 
 
 def _read(got):

@@ -19,75 +19,24 @@ where AdamW would nearly hide it in the parameters. Each call's messages are cou
 
 
 import torch
-import torch.distributed as dist
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.checks.debug.answers import ANSWERS
-from dlcourse.collectives.counter import CommCounter
-from dlcourse.debug.bugs import CATALOGUE
-from dlcourse.debug.capture import gradients_shown, intercept_step
+from dlcourse.checks.debug.in_rank import STEPS, fix_in_rank, sp_config as config, train
 from dlcourse.debug.compare import TOLERANCE
 from dlcourse.debug.divergence import reference_subject
-from dlcourse.debug.subjects import SUBJECTS, DebugConfig, grid_subject
-from dlcourse.models import GPTConfig
-from dlcourse.parallel.combine import GridPlan
-from dlcourse.parallel.grid import RankGrid
+from dlcourse.debug.subjects import SUBJECTS
 
-STEPS = 2
 HINT = ("after backward, sum over `group` the gradient of every parameter that each rank holds "
         "whole but sees only its own tokens through (lesson 04's layers say which); leave the "
         "sharded ones alone")
-
-
-def config(world_size, seed):
-    """The debug GPT, cut into `world_size` tensor-parallel ranks: heads, width, vocabulary and
-    sequence divisible by it; weights and data from `seed`."""
-    model = GPTConfig(vocab_size=32 if world_size == 2 else 33, seq_len=4 * world_size,
-                      n_layers=2, n_heads=world_size, hidden=8 * world_size)
-    return DebugConfig(model=model, seed=seed, steps=STEPS)
 
 
 def reference_run(cfg):
     """[per step: ({name: gradient}, {name: parameter after})] of the plain GPT in one process."""
     x, y = cfg.data()
     subject, _ = reference_subject(cfg, SUBJECTS["TP + SP (lesson 04)"])
-    return _train(subject, cfg, x, y, fix=None)
-
-
-def _train(subject, cfg, x, y, fix):
-    steps, grads = [], {}
-
-    def before():  # between backward and the optimizer step
-        if fix is not None:
-            fix()
-        with gradients_shown(subject.modules):
-            grads.update({n: t.detach().clone() for n, t in subject.full_parameters().items()})
-    intercept_step(subject.optimizer, before)
-    for _ in range(cfg.steps):
-        grads = {}
-        subject.train_step(x, y)
-        params = {n: t.detach().clone() for n, t in subject.full_parameters().items()}
-        steps.append((grads, params))
-    return steps
-
-
-def _fix_in_rank(student, world_size, seed):
-    """Runs in every rank: TP + SP with the bug on, the student's fix before every step."""
-    cfg = config(world_size, seed)
-    x, y = cfg.data()
-    with CATALOGUE["sp_layernorm_grads"].patch():
-        subject = grid_subject(GridPlan(RankGrid(tp=world_size), sequence_parallel=True), cfg)
-    model = subject.modules[0]
-    partial = [n for n, p in model.named_parameters() if getattr(p, "sequence_partial", False)]
-    received = []
-
-    def counted():  # the bytes each call brings this rank by torch.distributed (not its sends)
-        with CommCounter() as comm:
-            student(model, dist.group.WORLD)
-        received.append(sum(r.nbytes for r in comm.records if r.op != "send"))
-
-    need = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n in partial)
-    return _train(subject, cfg, x, y, fix=counted), partial, received, need
+    return train(subject, cfg, x, y, fix=None)
 
 
 @fresh_cases
@@ -105,7 +54,7 @@ def check_sync_sequence_parallel_grads(sync_sequence_parallel_grads, timeout=CHE
         where = f"sync_sequence_parallel_grads on {world_size} ranks (TP + SP, weights seed {seed})"
         outcomes = run_on_ranks(sync_sequence_parallel_grads, [(world_size, seed)] * world_size,
                                 exercise="sync_sequence_parallel_grads", where=where, hint=HINT,
-                                harness=_fix_in_rank, guard=ANSWERS.in_rank,
+                                harness=fix_in_rank, guard=ANSWERS.in_rank,
                                 timeout=timeout)
         for rank, ((got, partial, received, need), _) in enumerate(outcomes):
             _expect_messages(received, need, where, rank)

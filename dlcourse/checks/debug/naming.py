@@ -29,9 +29,10 @@ import dlcourse
 from dlcourse.checks.core import (CheckFailed, expect_callable, fail, fresh_cases, kind,
                                   run_on_ranks)
 from dlcourse.checks.core.stubs import not_written, stub_message
-from dlcourse.checks.debug.divergence import _expect_place, _read, place_as_data
-from dlcourse.checks.debug.reference import first_gap
 from dlcourse.checks.debug.answers import ANSWERS
+from dlcourse.checks.debug.divergence import _expect_place, _read
+from dlcourse.checks.debug.in_rank import answer_as_data
+from dlcourse.checks.debug.reference import first_gap
 from dlcourse.checks.debug.runs import traces_on_rank
 from dlcourse.debug.compare import TOLERANCE
 from dlcourse.debug.divergence import PHASES, job
@@ -75,7 +76,7 @@ def check_name_the_bug(name_the_bug, timeout=RUNS_TIMEOUT_S, *, rng):
                     candidates=sorted(STRATEGIES[strategy]), traces=dict(enumerate(per_rank)))
         where = f"name_the_bug on a run of {strategy} with a bug of {case['candidates']}"
         [(got, _)] = run_on_ranks(name_the_bug, [(case,)], exercise="name_the_bug", where=where,
-                                  hint=HINT, guard=ANSWERS.in_rank, harness=_answer_as_data)
+                                  hint=HINT, guard=ANSWERS.in_rank, harness=answer_as_data)
         _expect_answer(got, bug, case, where)
     print(f"name_the_bug: passed on {len(drawn)} runs with a bug drawn at random "
           f"({', '.join(b for _, b in drawn)}; weights and data drawn, 2 ranks, 2 steps, "
@@ -133,17 +134,6 @@ def _read_answer(got):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return None
     return got[0], got[1]
-
-
-def _answer_as_data(student, case):
-    """In the rank: the student's answer, its place as a tuple if it came as an object with
-    step, phase and name (a dataclass), as a graded submission's rank sends back data only."""
-    got = student(case)
-    if isinstance(got, dict) and "place" in got:
-        return dict(got, place=place_as_data(got["place"]))
-    if isinstance(got, (tuple, list)) and len(got) == 2:
-        return place_as_data(got[0]), got[1]
-    return got
 
 
 def _expect_answer(got, bug, case, where):

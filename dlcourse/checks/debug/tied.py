@@ -21,28 +21,21 @@ are counted (CommCounter): a rank holding a copy must be brought at least a grad
 torch.distributed, so copies that swap gradients through a shared file fail.
 """
 
-from unittest import mock
-
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.checks.debug.answers import ANSWERS
-from dlcourse.checks.debug.fix import _train
-from dlcourse.collectives.counter import CommCounter
-from dlcourse.debug.bugs import CATALOGUE
+from dlcourse.checks.debug.in_rank import (MICRO_BATCHES, STEPS, pp_config as config, tied_in_rank,
+                                           train)
 from dlcourse.debug.compare import TOLERANCE
 from dlcourse.debug.divergence import reference_subject
-from dlcourse.debug.subjects import SUBJECTS, DebugConfig, grid_subject
-from dlcourse.models import GPTConfig
-from dlcourse.parallel.combine import GridPlan
-from dlcourse.parallel.grid import RankGrid
+from dlcourse.debug.subjects import SUBJECTS
 
 # The fifth exercise's answer more: lesson 06's exchange of the tied embedding's gradients, and
-# the helper that finds its two copies (`dlcourse.parallel.pipeline.stages`).
+# the helper that finds its two copies (`dlcourse.parallel.pipeline.stages`); the pipeline's own
+# stages run in the rank: refused there, not absent.
 TIED_ANSWERS = ANSWERS.but(single=(("dlcourse.parallel.pipeline.stages", "sync_tied_grads"),
-                                   ("dlcourse.parallel.pipeline.stages", "tied_ends")))
+                                   ("dlcourse.parallel.pipeline.stages", "tied_ends")),
+                           rank_side=ANSWERS.rank_side + ("dlcourse.parallel.pipeline.stages",))
 
-BUG = "pp_tied_embeddings_unsynced"
-STEPS = 2
-MICRO_BATCHES = 4  # >= the stages (1F1B keeps them busy); one sequence each of the 4
 HINT = ("after backward, the first stage's tok_emb.weight and the last stage's lm_head.weight "
         "must both hold the sum of the two copies' gradients; find the two ranks from `group` "
         "and each stage's is_first / is_last, never from the number of ranks you tried")
@@ -53,48 +46,11 @@ HANG_HINT = ("a rank waits for a message its peer never sends: `group` holds one
              "`group` (dist.get_global_rank(group, ...)), not from dist.get_world_size()")
 
 
-def config(n_stages, seed):
-    """The debug GPT with 3 blocks (one a stage on 3 stages), weights and data from `seed`."""
-    model = GPTConfig(vocab_size=32, seq_len=8, n_layers=3, n_heads=2, hidden=16)
-    return DebugConfig(model=model, seed=seed, steps=STEPS)
-
-
-def plan(n_stages, dp=1):
-    """n_stages of 1F1B, each replicated dp times (each replica its 4 / dp sequences)."""
-    return GridPlan(RankGrid(pp=n_stages, dp=dp), micro_batches=MICRO_BATCHES // dp)
-
-
 def reference_run(cfg):
     """[per step: ({name: gradient}, {name: parameter after})] of the GPT in one process."""
     x, y = cfg.data()
     subject, _ = reference_subject(cfg, SUBJECTS["PP 1F1B (lesson 06)"])
-    return _train(subject, cfg, x, y, fix=None)
-
-
-def _tied_in_rank(student, n_stages, seed, dp=1):
-    """Runs in every rank: 1F1B with the bug on, the student's exchange where the bug took
-    lesson 06's out. Returns (the run's steps, the bytes each call brought to this rank by
-    torch.distributed (all but its sends), a copy's gradient's bytes if this rank holds one)."""
-    cfg = config(n_stages, seed)
-    x, y = cfg.data()
-    site, name, _ = CATALOGUE[BUG].patches[0]  # (executor, "sync_tied_grads", the bug's no-op)
-    received = []
-
-    def counted(stages, group=None):
-        with CommCounter() as comm:
-            student(stages, group)
-        received.append(sum(r.nbytes for r in comm.records if r.op != "send"))
-
-    with CATALOGUE[BUG].patch(), mock.patch.object(site, name, counted):
-        subject = grid_subject(plan(n_stages, dp), cfg)
-        copy = next((p for s in subject.modules for p in _copies(s)), None)
-        need = copy.numel() * copy.element_size() if copy is not None else 0
-        return _train(subject, cfg, x, y, fix=None), received, need
-
-
-def _copies(stage):
-    return ([stage.tok_emb.weight] if stage.is_first else []) + \
-        ([stage.lm_head.weight] if stage.is_last else [])
+    return train(subject, cfg, x, y, fix=None)
 
 
 @fresh_cases
@@ -113,7 +69,7 @@ def check_sync_tied_grads(sync_tied_grads, timeout=CHECK_TIMEOUT_S, *, rng):
                                      else "") + f", weights seed {seed})")
         outcomes = run_on_ranks(sync_tied_grads, [(n_stages, seed, dp)] * (n_stages * dp),
                                 exercise="sync_tied_grads", where=where, hint=HINT,
-                                hang_hint=HANG_HINT, harness=_tied_in_rank,
+                                hang_hint=HANG_HINT, harness=tied_in_rank,
                                 guard=TIED_ANSWERS.in_rank, timeout=timeout)
         for rank, ((got, received, need), _) in enumerate(outcomes):
             _expect_message(received, need, where, rank)

@@ -11,4 +11,5 @@ ANSWERS = Answers(
     packages=("dlcourse.moe", "dlcourse.moe_experts", "dlcourse.parallel.expert"),
     single=(("dlcourse.models", "MoEGPT"), ("dlcourse.memory.accounting", "count_params"),
             ("dlcourse.memory.accounting", "param_shapes")),
-    checks=("dlcourse.checks.expert",), keep_classes=True)
+    checks=("dlcourse.checks.expert",), keep_classes=True,
+    rank_side=("dlcourse.checks.expert.in_rank",))  # a graded rank loads only this

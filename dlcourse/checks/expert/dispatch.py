@@ -14,13 +14,12 @@ computed here from every rank's inputs after the ranks have finished.
 """
 
 import torch
-import torch.distributed as dist
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, expect_callable, fail,
                                   fresh_cases, kind, run_on_ranks)
-from dlcourse.checks.expert.reference import dispatched
 from dlcourse.checks.expert.answers import ANSWERS
-from dlcourse.collectives.counter import CommCounter
+from dlcourse.checks.expert.in_rank import dispatch_in_rank
+from dlcourse.checks.expert.reference import dispatched
 
 WHY_ALL_TO_ALL = ("the dispatch is an all-to-all: each rank sends each row to the one rank "
                   "holding its expert, and first its counts per expert, with an all-to-all too")
@@ -91,7 +90,7 @@ def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout):
     outcomes = run_on_ranks(dispatch_to_experts, [(x, e, n_experts) for x, e in zip(xs, experts)],
                             exercise="dispatch_to_experts", where=where, hint=DISPATCH_HINT,
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
-                            why_forbidden=WHY_ALL_TO_ALL, harness=_dispatch_in_rank,
+                            why_forbidden=WHY_ALL_TO_ALL, harness=dispatch_in_rank,
                             guard=ANSWERS.in_rank, timeout=timeout,
                             receives=_rows_from_others(xs, experts, n_experts))
     for r, ((got, sent), (x_after, e_after, _)) in enumerate(outcomes):
@@ -113,14 +112,6 @@ def _rows_from_others(xs, experts, n_experts):
     n_local, ep = n_experts // len(xs), len(xs)
     return [sum(int((experts[s] // n_local == r).sum()) * xs[s].size(1) * xs[s].element_size()
                 for s in range(ep) if s != r) for r in range(ep)]
-
-
-def _dispatch_in_rank(student, x, experts, n_experts):
-    """Runs in every rank: the student's dispatch on this rank's rows, and the bytes it sent."""
-    with CommCounter() as comm:
-        got = student(x.clone(), experts.clone(), n_experts, dist.group.WORLD)
-    sent = sum(r.nbytes for r in comm.records if r.op in ("all_to_all", "send"))
-    return got, sent
 
 
 def _as_tensor(value, dtype=None):

@@ -15,8 +15,9 @@ import torch
 
 from dlcourse.checks.core import (as_tensor, call_in_process, expect_callable, fail, fresh_cases,
                                   kind)
-from dlcourse.checks.expert.reference import routed, switch_loss
 from dlcourse.checks.expert.answers import ANSWERS
+from dlcourse.checks.expert.in_rank import loss_and_grad
+from dlcourse.checks.expert.reference import routed, switch_loss
 
 # float64 softmax, a sum of k values and one division: rounding ~1e-16 relative; 1e-12 leaves
 # room for another order of the same operations (a softmax over the k chosen logits instead)
@@ -169,17 +170,6 @@ AUX_HINT = ("P_e: the router's probability of e averaged over the N tokens; f_e:
             "E · Σ_e f_e · P_e")
 
 
-def _loss_and_grad(value, logits, k):
-    """`call_in_process(answer=...)`: the loss as a float and its gradient w.r.t. the logits,
-    computed where the student's function ran, after it returned."""
-    if not isinstance(value, torch.Tensor) or value.numel() != 1:
-        return {"value": value, "grad": None, "why": kind(value)}
-    grad = None
-    if value.requires_grad:
-        (grad,) = torch.autograd.grad(value.sum(), logits, allow_unused=True)
-    return {"value": float(value.detach()), "grad": grad, "why": ""}
-
-
 @fresh_cases
 def check_load_balance_loss(load_balance_loss, *, rng):
     """load_balance_loss(logits (N, E), k) -> 0-dim tensor E · Σ_e f_e · P_e (Switch eq. 4-6),
@@ -202,7 +192,7 @@ def check_load_balance_loss(load_balance_loss, *, rng):
         leaf = logits.clone().requires_grad_()
         got = call_in_process(load_balance_loss, (leaf, k), exercise="load_balance_loss",
                               where=where, guard=ANSWERS.in_process, hint=AUX_HINT,
-                              answer=_loss_and_grad)
+                              answer=loss_and_grad)
         _expect_loss(got, logits, k, uniform, where)
     sizes = [c[0].size(1) for c in cases]
     print(f"load_balance_loss: passed on {len(cases)} cases drawn at random (E from "

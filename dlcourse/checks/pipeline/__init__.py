@@ -13,7 +13,7 @@ micro-batches, widths, shapes, dtypes; never p = 4 alone) and prints the seed wi
 (`schedules.py`); the exchange runs on real ranks; the boundaries and the bubble are formulas,
 called here, the bubble compared with a timeline simulated by the check. While the
 student's code runs, the course's pipeline package and torch's schedules are refused
-(`stages.PIPELINE`), and collectives too where the exercise is point-to-point.
+(`answers.ANSWERS`), and collectives too where the exercise is point-to-point.
 """
 
 from dlcourse.checks.pipeline.basics import (check_bubble_fraction, check_exchange,

@@ -11,4 +11,5 @@ ANSWERS = Answers(
     torch=("torch.distributed.pipelining.schedules",
            "torch.distributed.pipelining._schedule_visualizer"),
     checks=("dlcourse.checks.pipeline",),
-    why="it computes the answer to this exercise; write it yourself")
+    why="it computes the answer to this exercise; write it yourself",
+    rank_side=("dlcourse.checks.pipeline.in_rank",))  # a graded rank loads only this

@@ -3,13 +3,12 @@
 import numbers
 
 import torch
-import torch.distributed as dist
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, call_in_process, describe,
                                   expect_callable, fail, fresh_cases, kind, run_on_ranks)
 from dlcourse.checks.pipeline.answers import ANSWERS
+from dlcourse.checks.pipeline.in_rank import exchange_in_rank
 from dlcourse.checks.pipeline.stages import join, stage_counts
-from dlcourse.collectives.counter import CommCounter
 
 
 
@@ -175,7 +174,7 @@ def _check_exchange_case(exchange, p, rng, timeout):
     where = f"exchange on {p} ranks, {describe(sent[(0, 1)])}"
     outcomes = run_on_ranks(exchange, [(c,) for c in calls], exercise="exchange", where=where,
                             hint=EXCHANGE_HINT, forbid=COLLECTIVES, why_forbidden=WHY_P2P,
-                            hang_hint=EXCHANGE_HANG, harness=_exchange_in_rank,
+                            hang_hint=EXCHANGE_HANG, harness=exchange_in_rank,
                             guard=ANSWERS.in_rank, timeout=timeout)
     for r, (results, _) in enumerate(outcomes):
         for (q, own), (got, after, moved) in zip(calls[r], results):
@@ -184,19 +183,6 @@ def _check_exchange_case(exchange, p, rng, timeout):
                                "still needs it (it is the stage's activation)", EXCHANGE_HINT)
             _expect_received(got, sent, r, q, where)
             _expect_moved(moved, own, r, q, where)
-
-
-def _exchange_in_rank(student, calls):
-    """Runs in every rank: one exchange with each neighbour, in the order the calls pair up,
-    and the bytes each one sent and received (send/recv, by `CommCounter`)."""
-    results = []
-    for peer, tensor in calls:
-        mine = tensor.clone()
-        with CommCounter() as comm:
-            got = student(mine, peer, dist.group.WORLD)
-        moved = {op: sum(r.nbytes for r in comm.records if r.op == op) for op in ("send", "recv")}
-        results.append((got, mine, moved))
-    return results
 
 
 def _expect_moved(moved, tensor, r, q, where):

@@ -18,13 +18,11 @@ While the student's code runs, the library's pipeline package and torch's schedu
 (`stages.refuse_pipelines`), and so is every function of this module, the check's references.
 """
 
-import numbers
 
-import torch.distributed as dist
-
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, kind,
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases,
                                   run_on_ranks)
 from dlcourse.checks.pipeline.answers import ANSWERS
+from dlcourse.checks.pipeline.in_rank import interleaved_in_rank
 from dlcourse.parallel.pipeline.measure import bubble_fraction, in_flight_peak, simulate
 from dlcourse.parallel.pipeline.schedules import Action
 
@@ -69,7 +67,8 @@ def check_schedule_interleaved(schedule_interleaved, timeout=RUN_TIMEOUT_S, *, r
         where = f"schedule_interleaved with n_stages = {p}, n_micro = {m}, v = {v}"
         outcomes = run_on_ranks(schedule_interleaved, [(m, v)] * p,
                                 exercise="schedule_interleaved", where=where, hint=ORDER_HINT,
-                                harness=_in_rank, guard=ANSWERS.in_rank, timeout=timeout)
+                                harness=interleaved_in_rank, guard=ANSWERS.in_rank,
+                                timeout=timeout)
         expect_interleaved([value for value, _ in outcomes], p, m, v, where)
     print(f"schedule_interleaved: passed on {len(cases)} cases drawn at random ("
           + "; ".join(f"p = {p}, m = {m}, v = {v}" for p, m, v in cases)
@@ -83,30 +82,6 @@ def draw_cases(rng):
     ps = rng.sample([2, 3, 4], 3)
     return [(p, p * (1 if k == 0 else rng.choice([2, 3])), rng.choice([2, 3]))
             for k, p in enumerate(ps)]
-
-
-def _in_rank(student, n_micro, v):
-    """Runs in every rank: the student's list for this rank, as data."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    return _plain(student(rank, p, n_micro, v))
-
-
-def _plain(actions):
-    """[(kind, chunk, i)] with plain str and ints, an item that is not one as None; or what the
-    whole is, in words."""
-    if isinstance(actions, (str, bytes)) or not hasattr(actions, "__iter__"):
-        return kind(actions)
-    out = []
-    for item in actions:
-        try:
-            k, c, i = item
-        except (TypeError, ValueError):
-            out.append(None)
-            continue
-        ok = isinstance(k, str) and all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
-                                        for n in (c, i))
-        out.append((str(k), int(c), int(i)) if ok else None)
-    return out
 
 
 # ---------------------------------------------------------------- the verdict

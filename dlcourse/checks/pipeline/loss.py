@@ -4,13 +4,12 @@ through the check's executor (the set's guide is `__init__.py`)."""
 from functools import partial
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
-from dlcourse.checks.core import describe, expect_callable, fail, fresh_cases, kind, run_on_ranks
+from dlcourse.checks.core import expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.checks.pipeline.answers import ANSWERS
+from dlcourse.checks.pipeline.in_rank import loss_in_rank
 from dlcourse.checks.pipeline.schedules import RUN_TIMEOUT_S, _chain, one_f_one_b
-from dlcourse.checks.pipeline.stages import expect_stage_grads, join, run_actions, whole_batch
+from dlcourse.checks.pipeline.stages import expect_stage_grads, join, whole_batch
 
 
 # ---------------------------------------------------------------- exercise 3: the loss, scaled
@@ -32,31 +31,14 @@ def check_last_stage_backward(last_stage_backward, timeout=RUN_TIMEOUT_S, *, rng
         b = rng.choice([k for k in range(1, 5) if k != m])  # dividing by b must not pass
         where = (f"last_stage_backward on {p} stages, {m} micro-batches of {b} samples, "
                  "F.mse_loss")
-        outcomes = run_on_ranks(last_stage_backward, [(chain, m, b)] * p,
+        outcomes = run_on_ranks(last_stage_backward,  # each rank its own 1F1B list, made here
+                                [(chain, m, b, one_f_one_b(r, p, m)) for r in range(p)],
                                 exercise="last_stage_backward", where=where, hint=LOSS_HINT,
-                                harness=_loss_in_rank, guard=ANSWERS.in_rank,
+                                harness=loss_in_rank, guard=ANSWERS.in_rank,
                                 timeout=timeout)
         _expect_loss_case(outcomes, chain, m, b, where)
     print(f"last_stage_backward: passed on {len(ps)} cases drawn at random ({join(ps)} stages, "
           "2 to 6 micro-batches), every stage's gradients equal to one process on the whole batch")
-
-
-def _loss_in_rank(student, chain, n_micro, micro_size):
-    """Runs in every rank: 1F1B through the check's executor; the last rank calls the student's
-    function for each micro-batch and notes what came back."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    returned = []
-
-    def last_stage(stage, x, y):
-        got = student(stage, x, y, F.mse_loss, n_micro)
-        returned.append(None if isinstance(got, torch.Tensor) and got.shape == x.shape
-                        else f"returned {kind(got)}, expected the gradient of x, {describe(x)}")
-        return got
-
-    grads = run_actions(one_f_one_b(rank, p, n_micro), chain.stage(rank),
-                        chain.batch(n_micro, micro_size), n_micro,
-                        last_stage=last_stage if rank == p - 1 else None)
-    return grads, returned
 
 
 def _expect_loss_case(outcomes, chain, m, b, where):

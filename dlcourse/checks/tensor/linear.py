@@ -2,13 +2,13 @@
 (the set's guide is `__init__.py`)."""
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fresh_cases,
                                   random_tensor, run_on_ranks)
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
+from dlcourse.checks.tensor.in_rank import column_in_rank, row_in_rank
 
 
 # float64 rounding: an output element is a dot product of at most 16 terms of size ~1, which one
@@ -59,10 +59,6 @@ def _capital(text):
     return text[:1].upper() + text[1:]
 
 
-def _detached(value):
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
 # ---------------------------------------------------------------- exercise 1: column parallel
 
 COLUMN_HINT = ("y_r = x @ weight.T + bias is this rank's out/t output features; all-gather the "
@@ -76,7 +72,7 @@ def check_column_parallel_linear(column_parallel_linear, timeout=CHECK_TIMEOUT_S
     this rank's rows (out/t, in) of W, bias its (out/t,) of b or None -> the whole (..., out)."""
     __tracebackhide__ = True
     _check_linear(column_parallel_linear, "column_parallel_linear", rng, timeout, split="out",
-                  no_bias=1, pieces=_column_pieces, harness=_column_in_rank, hint=COLUMN_HINT,
+                  no_bias=1, pieces=_column_pieces, harness=column_in_rank, hint=COLUMN_HINT,
                   mistake=_column_hint)
     print("column_parallel_linear: passed on 3 cases drawn afresh (2, 3 and 4 ranks; "
           "with and without bias; 1 and 2 leading dims), equal to nn.Linear on every rank")
@@ -102,12 +98,6 @@ def _column_pieces(linear, x, tp):
     """Rank r: the whole x, its rows of W (out/t, in), its entries of b (out/t,) or None."""
     rows, bias = _shards(linear.weight.detach(), tp, 0), _shards(_bias(linear), tp, 0)
     return [(x, rows[r], bias[r]) for r in range(tp)]
-
-
-def _column_in_rank(student, x, w_r, b_r):
-    """Runs in every rank, which holds x (..., in), its rows of W (out/t, in) and its entries
-    of b (out/t,) only: the student's output."""
-    return _detached(student(x, w_r, b_r, dist.group.WORLD))
 
 
 def _bias(linear):
@@ -142,7 +132,7 @@ def check_row_parallel_linear(row_parallel_linear, timeout=CHECK_TIMEOUT_S, *, r
     rank's columns (out, in/t) of W, bias the whole (out,) b or None -> the whole (..., out)."""
     __tracebackhide__ = True
     _check_linear(row_parallel_linear, "row_parallel_linear", rng, timeout, split="in",
-                  no_bias=2, pieces=_row_pieces, harness=_row_in_rank, hint=ROW_HINT,
+                  no_bias=2, pieces=_row_pieces, harness=row_in_rank, hint=ROW_HINT,
                   mistake=_row_hint)
     print("row_parallel_linear: passed on 3 cases drawn afresh (2, 3 and 4 ranks; "
           "with and without bias), equal to nn.Linear on every rank, the bias added once")
@@ -152,12 +142,6 @@ def _row_pieces(linear, x, tp):
     """Rank r: the whole x, its columns of W (out, in/t), the whole b (out,) or None."""
     columns = _shards(linear.weight.detach(), tp, 1)
     return [(x, columns[r], _bias(linear)) for r in range(tp)]
-
-
-def _row_in_rank(student, x, w_r, b):
-    """Runs in every rank, which holds x (..., in), its columns of W (out, in/t) and the whole
-    bias (out,) only: the student's output."""
-    return _detached(student(x, w_r, b, dist.group.WORLD))
 
 
 def _row_hint(y, expected, linear, x, tp, rank):

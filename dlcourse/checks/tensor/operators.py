@@ -2,13 +2,13 @@
 forward and backward against one process's nn.Linear (the set's guide is `__init__.py`)."""
 
 import torch
-import torch.distributed as dist
 
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, fresh_cases, Submitted, expect_callable,
-                                  expect_tensor, fail, kind, random_tensor)
-from dlcourse.checks.tensor.linear import (TOL, TOLERANCE, _close, _detached, _linear, _run,
-                                           _shards, _where)
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, Submitted, expect_callable, expect_tensor, fail,
+                                  fresh_cases, random_tensor)
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
+from dlcourse.checks.tensor.in_rank import (_is_function_class, _not_a_function_class, f_in_rank,
+                                            g_in_rank)
+from dlcourse.checks.tensor.linear import TOL, TOLERANCE, _close, _linear, _run, _shards, _where
 
 
 # ---------------------------------------------------------------- exercises 3 and 4: f and g
@@ -54,8 +54,8 @@ def _check_function(fn, name, rng, timeout):
         where = _where(name, tp, linear, x)
         xr = x.clone().requires_grad_()
         (linear(xr) * upstream).sum().backward()  # one process: the whole layer's gradients
-        harness, rank_args = ((_f_in_rank, _f_shards(x, linear, upstream, tp)) if name == "f"
-                              else (_g_in_rank, _g_shards(x, linear, upstream, tp)))
+        harness, rank_args = ((f_in_rank, _f_shards(x, linear, upstream, tp)) if name == "f"
+                              else (g_in_rank, _g_shards(x, linear, upstream, tp)))
         got = _run(fn, name, where, F_HINT if name == "f" else G_HINT, harness, rank_args,
                    timeout)
         for rank, (y, grad, *changed) in enumerate(got):  # g's harness: did x change?
@@ -64,23 +64,6 @@ def _check_function(fn, name, rng, timeout):
     what = ("the identity forward, x's gradient summed over the ranks backward" if name == "f"
             else "the sum of the partial outputs forward, the gradient unchanged backward")
     print(f"{name}: passed on 3 cases drawn afresh (2, 3 and 4 ranks): {what}")
-
-
-def _is_function_class(fn):
-    return isinstance(fn, type) and issubclass(fn, torch.autograd.Function)
-
-
-def _not_a_function_class(fn):
-    return (f"the check needs your autograd Function class itself (class ...("
-            f"torch.autograd.Function) with forward and backward), not {kind(fn)}")
-
-
-def _apply(student, x):
-    """student.fn.apply(x, WORLD), inside the guards, once it is known to be a Function class
-    (for a submission, only the rank has it unpickled)."""
-    if not _is_function_class(student.fn):
-        raise TypeError(_not_a_function_class(student.fn))
-    return student.fn.apply(x, dist.group.WORLD)
 
 
 def _f_shards(x, linear, upstream, tp):
@@ -95,33 +78,6 @@ def _g_shards(x, linear, upstream, tp):
     must sum the partial outputs, which no rank can compute alone."""
     xs, columns = _shards(x, tp, -1), _shards(linear.weight.detach(), tp, 1)
     return [(xs[r], columns[r], upstream) for r in range(tp)]
-
-
-def _f_in_rank(student, x, w_r, up_r):
-    """Runs in every rank: y = f(x) feeds this rank's rows of W, w_r (out/t, in), a
-    column-parallel layer; the gradient of its output block, up_r (..., out/t), flows back
-    through the student's backward."""
-    x = x.requires_grad_()
-    with student.guarded():  # forward and backward both run the student's code
-        y = _apply(student, x)
-        if isinstance(y, torch.Tensor) and y.shape == x.shape and y.requires_grad:
-            (y @ w_r.T * up_r).sum().backward()
-    return _detached(y), _detached(x.grad)
-
-
-def _g_in_rank(student, x_r, w_r, upstream):
-    """Runs in every rank: this rank's partial output x_r W_r^T (x_r (..., in/t), W_r (out,
-    in/t)) goes through g; every rank then has the same loss, whose gradient must reach W_r
-    unchanged."""
-    w_r = w_r.requires_grad_()
-    partial = x_r @ w_r.T  # (..., out)
-    before = partial.detach().clone()  # g must leave the caller's tensor as it was
-    with student.guarded():
-        y = _apply(student, partial)
-        changed = not torch.equal(partial.detach(), before)
-        if isinstance(y, torch.Tensor) and y.shape == partial.shape and y.requires_grad:
-            (y * upstream).sum().backward()
-    return _detached(y), _detached(w_r.grad), changed
 
 
 def _expect_f(y, grad, x, xr, linear, upstream, tp, rank, where):

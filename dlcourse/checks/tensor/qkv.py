@@ -8,14 +8,14 @@ whole batch. Cases (2, 3 and 4 ranks, sizes, biases, values) are drawn afresh on
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases, kind, run_on_ranks)
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes
-from dlcourse.checks.tensor.linear import TOL, TOLERANCE, _capital, _detached
+from dlcourse.checks.tensor.in_rank import qkv_in_rank
+from dlcourse.checks.tensor.linear import TOL, TOLERANCE, _capital
 from dlcourse.models import CausalSelfAttention, GPTConfig
 
 # The linear checks' float64 tolerance, 1e-10: here one process and the ranks add the same ~100
@@ -48,7 +48,7 @@ def check_qkv_shard(qkv_shard, timeout=CHECK_TIMEOUT_S, *, rng):
         where = (f"qkv_shard on {tp} ranks, {n_heads} heads of {head_dim} (h = {config.hidden}), "
                  f"{'with' if config.bias else 'no'} bias")
         outcomes = run_on_ranks(qkv_shard, [(attn, x)] * tp, exercise="qkv_shard", where=where,
-                                hint=QKV_HINT, harness=_qkv_in_rank, guard=ANSWERS.in_rank,
+                                hint=QKV_HINT, harness=qkv_in_rank, guard=ANSWERS.in_rank,
                                 timeout=timeout)
         shards = [got for got, _ in outcomes]
         for rank, got in enumerate(shards):
@@ -57,14 +57,6 @@ def check_qkv_shard(qkv_shard, timeout=CHECK_TIMEOUT_S, *, rng):
     print("qkv_shard: passed on 3 cases drawn afresh (2, 3 and 4 ranks; 1 or 2 heads "
           "a rank; with and without bias): every rank's heads, summed, equal the course GPT's "
           "attention")
-
-
-def _qkv_in_rank(student, attn, x):
-    """Runs in every rank: the student's shard, as data. The attention of the shards is computed
-    by the check in its own process (`_expect_attention`), where the student's code never ran
-    and cannot have changed a helper or a torch function the check uses."""
-    got = student(attn.qkv, dist.group.WORLD)
-    return tuple(_detached(t) for t in got) if isinstance(got, (tuple, list)) else _detached(got)
 
 
 def _expect_attention(attn, shards, x, tp, where):

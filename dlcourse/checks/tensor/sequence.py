@@ -18,8 +18,9 @@ LayerNorm's gradients take one all-reduce of its 2h numbers. `answers.ANSWERS` i
 the student's code runs (exercise 8's block runs the lesson's pair before that).
 """
 
+import copy
+
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -31,8 +32,7 @@ from dlcourse.checks.core.cases import fresh_cases
 from dlcourse.checks.core.stubs import not_written, stub_message
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
-from dlcourse.collectives.counter import CommCounter
-from dlcourse.parallel.tensor.comm import gather_sequence, reduce_scatter_sequence
+from dlcourse.checks.tensor.in_rank import pair_in_rank, sync_in_rank
 
 # float64: a value is a LayerNorm and two dot products of at most ~40 terms of size ~1, rounded
 # differently by one process and a rank, ~1e-14; 1e-10 allows 10^4 times that. The mistakes named
@@ -77,6 +77,18 @@ def reference(x, ln, a, b, upstream):
     return y.detach(), x.grad.detach(), grads
 
 
+def own_ln_grads(x, ln, a, b, upstream, tp):
+    """[per rank: {"weight", "bias"}]: the LayerNorm gradients rank r holds after the
+    sequence-parallel block's backward, before they are synced: its tokens' share of the sum
+    (one process, each rank's tokens through a LayerNorm copy of its own)."""
+    copies = [copy.deepcopy(ln) for _ in range(tp)]
+    normed = torch.cat([c(t) for c, t in zip(copies, x.chunk(tp, dim=1))], dim=1)  # (B, T, h)
+    (b(F.gelu(a(normed))) * upstream).sum().backward()
+    a.zero_grad(), b.zero_grad()  # a and b are the check's: their gradients are not kept
+    return [{"weight": c.weight.grad.detach().clone(), "bias": c.bias.grad.detach().clone()}
+            for c in copies]
+
+
 def rank_args(x, ln, a, b, upstream, tp):
     """Rank r's tokens, the LayerNorm (whole: it is replicated), its rows of A and of A's bias,
     its columns of B, its tokens' upstream gradient."""
@@ -85,26 +97,6 @@ def rank_args(x, ln, a, b, upstream, tp):
     a_w, a_b, b_w = cut(a.weight, 0), cut(a.bias, 0), cut(b.weight, 1)
     ln_state = (ln.weight.detach().clone(), ln.bias.detach().clone())
     return [(xs[r], ln_state, a_w[r], a_b[r], b_w[r], ups[r]) for r in range(tp)]
-
-
-def _block(x_r, ln_state, a_w, a_b, b_w, gather, scatter):
-    """A rank's forward: (y_r, x_r with grad, its LayerNorm, its A and B weights)."""
-    x_r = x_r.requires_grad_()
-    ln = nn.LayerNorm(ln_state[0].shape[0], dtype=torch.float64)
-    with torch.no_grad():
-        ln.weight.copy_(ln_state[0]), ln.bias.copy_(ln_state[1])
-    a_w, a_b, b_w = (t.requires_grad_() for t in (a_w, a_b, b_w))
-    full = gather(ln(x_r), dist.group.WORLD)  # (B, T, h)
-    partial = F.gelu(full @ a_w.T + a_b) @ b_w.T  # (B, T, h): this rank's term of the sum
-    return scatter(partial, dist.group.WORLD), x_r, ln, (a_w, a_b, b_w)
-
-
-def _grad(t):
-    return None if t.grad is None else t.grad.detach().clone()
-
-
-def _records(comm):
-    return [(r.op, r.nbytes) for r in comm.records]
 
 
 # ---------------------------------------------------------------- exercise 7: the pair
@@ -127,9 +119,10 @@ def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, timeout=CH
                  if not isinstance(fn, Submitted) and isinstance(vars(fn).get(m), staticmethod)]
         if any(text is not None for text in stubs):  # named here, not as the first class
             raise CheckFailed(not_written(name, next(t for t in stubs if t is not None)))
-    other = StudentCode(reduce_scatter_sequence.payload
-                        if isinstance(reduce_scatter_sequence, Submitted)
-                        else pickling.dumps(reduce_scatter_sequence), guard=SEQUENCE.in_rank)
+    graded = isinstance(reduce_scatter_sequence, Submitted)  # its rank has no answer module
+    other = StudentCode(reduce_scatter_sequence.payload if graded
+                        else pickling.dumps(reduce_scatter_sequence),
+                        guard=SEQUENCE.graded().in_rank if graded else SEQUENCE.in_rank)
     for tp in draw_tp_sizes(rng):
         x, ln, a, b, upstream = draw_block(rng, tp)
         where = (f"sequence parallelism on {tp} ranks, x {tuple(x.shape)} cut along dim 1, "
@@ -137,7 +130,7 @@ def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, timeout=CH
         outcomes = run_on_ranks(gather_sequence, [(*r, other) for r in
                                                   rank_args(x, ln, a, b, upstream, tp)],
                                 exercise="GatherSequence", where=where, hint=PAIR_HINT,
-                                harness=_pair_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
+                                harness=pair_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
         y, x_grad, grads = reference(x, ln, a, b, upstream)
         for rank, (got, _) in enumerate(outcomes):
             _expect_pair(got, rank, tp, y, x_grad, grads, x, where)
@@ -149,39 +142,6 @@ def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, timeout=CH
 
 def _is_function_class(fn):
     return isinstance(fn, type) and issubclass(fn, torch.autograd.Function)
-
-
-def _pair_in_rank(student, x_r, ln_state, a_w, a_b, b_w, up_r, other):
-    """Runs in every rank: the block with the student's pair (both classes inside their guards),
-    forward and backward counted apart."""
-    with student.guarded(), other.guarded():
-        for fn in (student.fn, other.fn):
-            if not (isinstance(fn, type) and issubclass(fn, torch.autograd.Function)):
-                raise TypeError(f"expected an autograd Function class, got {kind(fn)}")
-        t, (B, T_t, h) = dist.get_world_size(), x_r.shape
-        gather = _shape_checked(student.fn.apply, "GatherSequence", (B, T_t * t, h))
-        scatter = _shape_checked(other.fn.apply, "ReduceScatterSequence", (B, T_t, h))
-        with CommCounter() as forward:
-            y_r, x_r, ln, (a_w, a_b, b_w) = _block(x_r, ln_state, a_w, a_b, b_w, gather, scatter)
-        with CommCounter() as backward:
-            if isinstance(y_r, torch.Tensor) and y_r.shape == up_r.shape and y_r.requires_grad:
-                (y_r * up_r).sum().backward()
-    return {"y": y_r.detach().clone() if isinstance(y_r, torch.Tensor) else None,
-            "x": _grad(x_r), "a.weight": _grad(a_w), "a.bias": _grad(a_b),
-            "b.weight": _grad(b_w), "forward": _records(forward),
-            "backward": _records(backward)}
-
-
-def _shape_checked(apply, name, shape):
-    """`apply`, failing at once (in the rank) if its output is not of `shape`."""
-    def call(x, group):
-        out = apply(x, group)
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else kind(out)
-            raise ValueError(f"{name}.apply on {tuple(x.shape)} returned {got}, expected "
-                             f"{shape}: the shards are cut along the sequence, dim 1 of (B, T, h)")
-        return out
-    return call
 
 
 def _expect_pair(got, rank, tp, y, x_grad, grads, x, where):
@@ -250,29 +210,18 @@ def check_layernorm_grads(sync_layernorm_grads, timeout=CHECK_TIMEOUT_S, *, rng)
         x, ln, a, b, upstream = draw_block(rng, tp)
         where = (f"sync_layernorm_grads on {tp} ranks, LayerNorm({x.shape[-1]}), x "
                  f"{tuple(x.shape)} cut along dim 1")
-        outcomes = run_on_ranks(sync_layernorm_grads, rank_args(x, ln, a, b, upstream, tp),
+        ln_state = (ln.weight.detach().clone(), ln.bias.detach().clone())
+        outcomes = run_on_ranks(sync_layernorm_grads,  # rank r: its tokens' share only
+                                [(ln_state, own) for own in own_ln_grads(x, ln, a, b, upstream,
+                                                                         tp)],
                                 exercise="sync_layernorm_grads", where=where, hint=SYNC_HINT,
-                                harness=_sync_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
+                                harness=sync_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
         _, _, grads = reference(x, ln, a, b, upstream)
         for rank, (got, _) in enumerate(outcomes):
             _expect_synced(got, rank, tp, grads, ln, where)
     print("sync_layernorm_grads: passed on 3 cases drawn afresh (2, 3 and 4 ranks): "
           "every rank's LayerNorm gradients equal one process's on the whole sequence, one "
           "all-reduce of 2h numbers")
-
-
-def _sync_in_rank(student, x_r, ln_state, a_w, a_b, b_w, up_r):
-    """Runs in every rank: the block with the lesson's pair, backward, then the student's
-    function on this rank's LayerNorm (inside its guards), its collectives counted."""
-    y_r, _, ln, _ = _block(x_r, ln_state, a_w, a_b, b_w, gather_sequence,
-                           reduce_scatter_sequence)  # the lesson's pair: refused only later
-    (y_r * up_r).sum().backward()
-    own = {"weight": _grad(ln.weight), "bias": _grad(ln.bias)}
-    with CommCounter() as comm:
-        student(ln, dist.group.WORLD)
-    return {"weight": _grad(ln.weight), "bias": _grad(ln.bias), "own": own,
-            "params": (ln.weight.detach().clone(), ln.bias.detach().clone()),
-            "collectives": _records(comm)}
 
 
 def _expect_synced(got, rank, tp, grads, ln, where):

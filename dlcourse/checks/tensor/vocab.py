@@ -9,15 +9,14 @@ that a failure prints; `seed=` replays it.
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases, random_tensor, run_on_ranks)
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
-from dlcourse.checks.tensor.linear import TOL, TOLERANCE, _capital, _close, _detached
-from dlcourse.collectives.counter import CommCounter
+from dlcourse.checks.tensor.in_rank import loss_in_rank
+from dlcourse.checks.tensor.linear import TOL, TOLERANCE, _capital, _close
 
 # The linear checks' float64 tolerance, 1e-10: here one process and the ranks add the same ~100
 # products in another order, ~1e-14 apart, 10^4 times less. Each mistake named here moves values
@@ -57,7 +56,7 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, timeout=CHE
         outcomes = run_on_ranks(vocab_parallel_cross_entropy,  # rank r: its (N, V/t) only
                                 [(mine.clone(), targets) for mine in logits.chunk(tp, dim=-1)],
                                 exercise=name, where=where, hint=LOSS_HINT,
-                                harness=_loss_in_rank, guard=ANSWERS.in_rank,
+                                harness=loss_in_rank, guard=ANSWERS.in_rank,
                                 timeout=timeout)
         for rank, (got, _) in enumerate(outcomes):
             _expect_loss(got, loss.detach(), whole.grad.chunk(tp, dim=-1)[rank],
@@ -65,19 +64,6 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, timeout=CHE
     print(f"{name}: passed on 3 cases drawn afresh (2, 3 and 4 ranks; logits near 750 "
           "included): the loss and every rank's gradient equal F.cross_entropy's, no logits "
           "gathered")
-
-
-def _loss_in_rank(student, mine, targets):
-    """Runs in every rank, which holds its logits (N, V/t) and the targets (N,) only: the
-    student's loss, its backward, and the size of every collective both made."""
-    mine = mine.requires_grad_()
-    with CommCounter() as comm, student.guarded():  # the backward runs the student's code too
-        loss = student.fn(mine, targets.clone(), dist.group.WORLD)
-        backward = isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad
-        if backward:
-            loss.backward()
-    return _detached(loss), _detached(mine.grad), backward, [(r.op, r.nbytes) for r in
-                                                             comm.records]
 
 
 def _expect_loss(got, loss, grad, mine, targets, tp, rank, where):

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from dlcourse.parallel.context.blockwise import block_attention
+from dlcourse.parallel.tensor.comm import Conjugate
 
 
 def _seq_to_heads(x, group):
@@ -40,32 +41,6 @@ def _heads_to_seq(x, group):
     return recv.transpose(0, 1).reshape(b, cp * h, s // cp, d)
 
 
-class SequenceToHeads(torch.autograd.Function):
-    """All-to-all from sequence-sharded to head-sharded; backward the reverse all-to-all."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _seq_to_heads(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _heads_to_seq(grad, ctx.group), None
-
-
-class HeadsToSequence(torch.autograd.Function):
-    """All-to-all from head-sharded back to sequence-sharded; backward the reverse all-to-all."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _heads_to_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _seq_to_heads(grad, ctx.group), None
-
-
 def check_ulysses(n_heads, cp):
     """Refuse a head count Ulysses cannot split over cp ranks, with the arithmetic."""
     if n_heads % cp:
@@ -80,6 +55,7 @@ def ulysses_attention(q, k, v, group, layout, causal=True):
     cp = dist.get_world_size(group)
     check_ulysses(q.size(1), cp)
     positions = torch.cat([layout.positions(r, q.device) for r in range(cp)])  # (s,): rank order
-    qh, kh, vh = (SequenceToHeads.apply(t, group) for t in (q, k, v))  # (b, a/cp, s, d) each
+    # (b, a/cp, s, d) each; an all-to-all's backward is the reverse one (lesson 04's Conjugate)
+    qh, kh, vh = (Conjugate.apply(t, group, _seq_to_heads, _heads_to_seq) for t in (q, k, v))
     out = block_attention(qh, kh, vh, positions, positions, causal)  # (b, a/cp, s, d)
-    return HeadsToSequence.apply(out, group)  # (b, a, s/cp, d)
+    return Conjugate.apply(out, group, _heads_to_seq, _seq_to_heads)  # (b, a, s/cp, d)

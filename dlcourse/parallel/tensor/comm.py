@@ -12,6 +12,9 @@ that also moves the sequence dimension (dim 1 of the course GPT's (B, T, h) acti
     gather_sequence          forward: all-gather along T    backward: reduce-scatter along T
     reduce_scatter_sequence  forward: reduce-scatter to T   backward: all-gather along T
 
+Both are one `Conjugate` Function, handed the collective and its conjugate in opposite orders
+(lesson 08's Ulysses all-to-alls are one too).
+
 `gather_last_dim` is the seed's picture: each rank computed some output columns; all-gather them
 (backward: keep this rank's columns of the gradient).
 
@@ -60,32 +63,20 @@ class ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
-class GatherSequence(torch.autograd.Function):
-    """All-gather the sequence shards (B, T/t, h) -> (B, T, h); backward reduce-scatters the
-    gradient back to this rank's shard (each rank's full gradient holds a part for every shard)."""
+class Conjugate(torch.autograd.Function):
+    """One collective forward, its conjugate backward: `op(x, group)` forward and
+    `conjugate(grad, group)` backward, the gradient sent back the way the data came.
+    Sequence parallelism's pair is one all-gather / reduce-scatter read in both directions
+    (`gather_sequence`, `reduce_scatter_sequence`), as lesson 08's Ulysses all-to-alls are."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather_dim1(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_dim1(grad, ctx.group), None
-
-
-class ReduceScatterSequence(torch.autograd.Function):
-    """Sum the ranks' partial (B, T, h) and keep this rank's sequence shard (B, T/t, h);
-    backward all-gathers the shards' gradients (every rank's partial fed every shard)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter_dim1(x, group)
+    def forward(ctx, x, group, op, conjugate):
+        ctx.group, ctx.conjugate = group, conjugate
+        return op(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather_dim1(grad, ctx.group), None
+        return ctx.conjugate(grad, ctx.group), None, None, None
 
 
 class GatherLastDim(torch.autograd.Function):
@@ -136,13 +127,16 @@ def g(x, group):
 
 
 def gather_sequence(x, group):
-    """(B, T/t, h) shards -> (B, T, h) on every rank; reduce-scatter backward."""
-    return GatherSequence.apply(x, group)
+    """(B, T/t, h) shards -> (B, T, h) on every rank; backward reduce-scatters the gradient back
+    to this rank's shard (each rank's full gradient holds a part for every shard)."""
+    return Conjugate.apply(x, group, _all_gather_dim1, _reduce_scatter_dim1)
 
 
 def reduce_scatter_sequence(x, group):
-    """Partial (B, T, h) on every rank -> this rank's summed shard (B, T/t, h); all-gather backward."""
-    return ReduceScatterSequence.apply(x, group)
+    """Partial (B, T, h) on every rank -> this rank's summed shard (B, T/t, h); backward
+    all-gathers the shards' gradients (every rank's partial fed every shard): gather_sequence
+    read backwards."""
+    return Conjugate.apply(x, group, _reduce_scatter_dim1, _all_gather_dim1)
 
 
 def gather_last_dim(x, group):
