@@ -9,7 +9,8 @@ never imports these, save the core's `verdict`; the library never imports them e
 Every set has one shape: `__init__.py` exports its `check_*`; `answers.py` declares `ANSWERS`,
 what the set refuses while a student's code runs (an exercise that refuses more or less says so
 beside its check, as `ANSWERS.but(...)`); `hints.py` holds `HINTS`, each exercise's hint levels;
-the check modules, and the references they share.
+the check modules, and the references they share; where its checks run code on ranks,
+`in_rank.py`, the harnesses a graded rank loads alone (`ANSWERS.rank_side`).
 
     core/             run_on_ranks, call_in_process, Submitted (ranks.py); @fresh_cases, the one
                       way to draw cases (cases.py); expect_tensor, fail (expect.py); Answers,

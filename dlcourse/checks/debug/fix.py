@@ -32,10 +32,11 @@ HINT = ("after backward, sum over `group` the gradient of every parameter that e
         "sharded ones alone")
 
 
-def reference_run(cfg):
-    """[per step: ({name: gradient}, {name: parameter after})] of the plain GPT in one process."""
+def reference_run(cfg, strategy="TP + SP (lesson 04)"):
+    """[per step: ({name: gradient}, {name: parameter after})] of the GPT in one process, as
+    `strategy`'s reference builds it (the fifth exercise's too: "PP 1F1B (lesson 06)")."""
     x, y = cfg.data()
-    subject, _ = reference_subject(cfg, SUBJECTS["TP + SP (lesson 04)"])
+    subject, _ = reference_subject(cfg, SUBJECTS[strategy])
     return train(subject, cfg, x, y, fix=None)
 
 

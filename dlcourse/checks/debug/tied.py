@@ -23,11 +23,9 @@ torch.distributed, so copies that swap gradients through a shared file fail.
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.checks.debug.answers import ANSWERS
-from dlcourse.checks.debug.in_rank import (MICRO_BATCHES, STEPS, pp_config as config, tied_in_rank,
-                                           train)
+from dlcourse.checks.debug.fix import reference_run
+from dlcourse.checks.debug.in_rank import MICRO_BATCHES, STEPS, pp_config as config, tied_in_rank
 from dlcourse.debug.compare import TOLERANCE
-from dlcourse.debug.divergence import reference_subject
-from dlcourse.debug.subjects import SUBJECTS
 
 # The fifth exercise's answer more: lesson 06's exchange of the tied embedding's gradients, and
 # the helper that finds its two copies (`dlcourse.parallel.pipeline.stages`); the pipeline's own
@@ -46,13 +44,6 @@ HANG_HINT = ("a rank waits for a message its peer never sends: `group` holds one
              "`group` (dist.get_global_rank(group, ...)), not from dist.get_world_size()")
 
 
-def reference_run(cfg):
-    """[per step: ({name: gradient}, {name: parameter after})] of the GPT in one process."""
-    x, y = cfg.data()
-    subject, _ = reference_subject(cfg, SUBJECTS["PP 1F1B (lesson 06)"])
-    return train(subject, cfg, x, y, fix=None)
-
-
 @fresh_cases
 def check_sync_tied_grads(sync_tied_grads, timeout=CHECK_TIMEOUT_S, *, rng):
     """sync_tied_grads(stages, group): in place, after backward, both copies of the tied
@@ -63,7 +54,7 @@ def check_sync_tied_grads(sync_tied_grads, timeout=CHECK_TIMEOUT_S, *, rng):
     rng.shuffle(sizes)
     for n_stages, dp in [(n, 1) for n in sizes] + [(2, 2)]:  # then beside data parallelism
         seed = rng.randrange(10**6)
-        want = reference_run(config(n_stages, seed))
+        want = reference_run(config(n_stages, seed), "PP 1F1B (lesson 06)")
         where = (f"sync_tied_grads on {n_stages} pipeline stages (1F1B, {MICRO_BATCHES // dp} "
                  f"micro-batches" + (f", each stage on {dp} data-parallel ranks" if dp > 1
                                      else "") + f", weights seed {seed})")
