@@ -33,6 +33,7 @@ from dlcourse.moe import capacity
 from dlcourse.parallel.expert.measure import all_to_all_formula, all_to_all_time
 from dlcourse.planner.estimate import chunk_layers
 from dlcourse.planner.moe_spec import active_params, attention_params, mlp_params
+from dlcourse.planner.timing import roofline_share
 
 BYTES = 2  # bf16 parameters, gradients and activations (the planner's `timing.BYTES`)
 # The busiest expert's rows against the mean when nothing caps them. Calibrated: the factor
@@ -189,14 +190,8 @@ def expert_gemms(spec, L, seq_len):
 
 def expert_roofline(spec, L, seq_len, gpu):
     """The share of the sustained matmul rate `expert_gemms` keep by the roofline (bf16
-    operands and result through HBM, as `timing.shape_efficiency`): 1.0 when compute-bound."""
-    ceiling = gpu.peak_flops * gpu.matmul_efficiency
-    ideal = held = 0.0
-    for M, K, N in expert_gemms(spec, L, seq_len):
-        compute = 2 * M * K * N / ceiling
-        ideal += compute
-        held += max(compute, BYTES * (M * K + K * N + M * N) / gpu.hbm_bw)
-    return ideal / held
+    operands and result through HBM, `timing.roofline_share`): 1.0 when compute-bound."""
+    return roofline_share(expert_gemms(spec, L, seq_len), gpu)
 
 
 DISPATCHERS = ("a2a", "deepep")

@@ -57,9 +57,15 @@ def shape_efficiency(spec, tokens, tp, gpu):
     """The share of the matmul ceiling (peak x MAMF) a layer's matmuls keep on one GPU: each
     takes max(FLOPs / ceiling, bytes / HBM bandwidth), the roofline, with bf16 operands and
     result (2 (MK + KN + MN) bytes). 1.0 for large matmuls; less when tp cuts them thin."""
+    return roofline_share(layer_matmuls(spec, tokens, tp), gpu)
+
+
+def roofline_share(matmuls, gpu):
+    """sum of FLOPs / ceiling over sum of max(FLOPs / ceiling, bytes / HBM bandwidth) for
+    matmuls [(M, K, N)] with bf16 operands and result: the share of the ceiling they keep."""
     ceiling = gpu.peak_flops * gpu.matmul_efficiency
     ideal = held = 0.0
-    for M, K, N in layer_matmuls(spec, tokens, tp):
+    for M, K, N in matmuls:
         compute = 2 * M * K * N / ceiling
         ideal += compute
         held += max(compute, BYTES * (M * K + K * N + M * N) / gpu.hbm_bw)
