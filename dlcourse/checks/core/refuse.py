@@ -64,9 +64,17 @@ class Refused:
                  if isinstance(fn, type) else [fn])
         for code in (f.__code__ for root in roots for f in functions_reached(root, depth, seen)):
             for original, message in self.codes:
-                if code == original:
+                if code is original or _same_function(code, original):
                     return message
         return None
+
+
+def _same_function(code, original):
+    """A copy compiled from the library's text: equal code (Python's `==` on code objects
+    leaves out the qualified name) under the original's qualified name. A student's own
+    one-line method in a class of another name is theirs, even where it is written as the
+    lesson wrote it and happens to start on the same line (`return grad, None`)."""
+    return code == original and code.co_qualname == original.co_qualname
 
 
 @contextlib.contextmanager
