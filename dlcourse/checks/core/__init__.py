@@ -3,7 +3,8 @@ compare what each rank returned with an independent reference, refuse the lesson
 it runs, and fail with a message a student can act on. Lesson 00's checks
 (`dlcourse/checks/launch/`) are the worked example.
 
-    ranks.py    run_on_ranks, call_in_process, Submitted (the student's code, where it runs)
+    ranks.py    run_on_ranks, Submitted (the student's code on real ranks)
+    in_process.py  call_in_process, call_each_in_process (formulas; one rank when graded)
     cases.py    @fresh_cases (cases drawn afresh on every run, the one way)
     expect.py   expect_tensor, fail, CheckFailed, ... (comparing, and the messages)
     refuse.py   an answer refused however it is reached: replaced, refusal, and its copies
@@ -83,8 +84,8 @@ from dlcourse.checks.core.cases import fresh_cases  # noqa: F401
 from dlcourse.checks.core.expect import (CheckFailed, as_tensor, describe, dtype_name,  # noqa: F401
                                          expect_callable, expect_none, expect_tensor,
                                          expect_unchanged, fail, kind, random_tensor)
+from dlcourse.checks.core.in_process import call_each_in_process, call_in_process  # noqa: F401
 from dlcourse.checks.core.ranks import (CHECK_TIMEOUT_S, COLLECTIVES, StudentCode,  # noqa: F401
-                                        Submitted, call_each_in_process, call_in_process,
-                                        run_on_ranks)
+                                        Submitted, run_on_ranks)
 from dlcourse.checks.core.communication import forbidden, no_store, none_named  # noqa: F401
 from dlcourse.checks.core.refuse import ForbiddenCall, Refused, refusal, replaced  # noqa: F401
