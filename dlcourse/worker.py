@@ -45,20 +45,14 @@ class RankJob:
     payload: bytes  # cloudpickle of (fn, args, kwargs)
     sources: dict  # linecache entries of notebook cells, for readable tracebacks
     as_data: bool = False  # send the result with torch.save, for a parent that reads only data
-    # (paths bound back, files hidden, modules imported first) for a rank in a sandbox of its
-    # own, or None
-    # (`dlcourse/grading/rank_sandbox.py`)
-    sandbox: tuple = None
-    # what the rank must not have (`dlcourse/grading/absent.py`): made true first, or None
-    absence: object = None
+    sandbox: tuple = None  # (bound back, hidden, imported first): grading/rank_sandbox.py
+    absence: object = None  # what the rank must not have, made true first: grading/absent.py
 
 
 class InheritedFd:
-    """A file descriptor that travels to the rank when its process starts.
-
-    multiprocessing's `DupFd` passes the descriptor itself (SCM_RIGHTS through the forkserver);
-    after start the rank owns its copy and the parent closes its own.
-    """
+    """A file descriptor that travels to the rank when its process starts: multiprocessing's
+    `DupFd` passes the descriptor itself (SCM_RIGHTS through the forkserver); after start the
+    rank owns its copy and the parent closes its own."""
 
     def __init__(self, fd):
         self.fd = fd
@@ -74,10 +68,9 @@ def _detach(dup):
 def main(job, output, results, lifeline):
     """Entry point of one rank. `output` and `lifeline` arrive as plain integers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when ranks stop
-    if job.absence is not None and not _absent(job, results):
-        return
-    if job.sandbox is not None and not _sandboxed(job, results):
-        return
+    for needed, make in ((job.absence, _make_absent), (job.sandbox, _enter_sandbox)):
+        if needed is not None and not _made(make, job, results):
+            return
     _tie_to_launch()
     _send_output_to(output)
     lifeline = Lifeline(lifeline)
@@ -94,8 +87,8 @@ def main(job, output, results, lifeline):
         message = (_describe(error, job.rank), None)
     else:
         message = _result(value, job.rank, job.as_data)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     results.send_bytes(pickle.dumps(message))
     lifeline.job_done.set()
     # Stay in the group until every rank has reported: a rank that left early would turn a peer
@@ -105,32 +98,31 @@ def main(job, output, results, lifeline):
         dist.destroy_process_group()
 
 
-def _absent(job, results):
-    """Make the job's `absence` true before anything of the job is unpickled; False, the
-    failure reported to the parent, where it cannot."""
-    from dlcourse.grading import absent
+def _made(make, job, results):
+    """make(job) before anything of the job is unpickled; False, the failure reported to the
+    parent, where it cannot be made."""
     try:
-        absent.install(job.absence)
+        make(job)
         return True
     except Exception as error:
         results.send_bytes(pickle.dumps((_describe(error, job.rank), None)))
         return False
 
 
-def _sandboxed(job, results):
-    """Enter the rank's own sandbox (first, while this process has one thread); False, the
-    failure reported to the parent, where it cannot be made."""
+def _make_absent(job):
+    """The job's `absence` made true: the answers cannot be imported or read in this rank."""
+    from dlcourse.grading import absent
+    absent.install(job.absence)
+
+
+def _enter_sandbox(job):
+    """The rank's own sandbox (first, while this process has one thread)."""
     from dlcourse.grading import rank_sandbox
     bound_back, hide, preload = job.sandbox
-    try:
-        for name in preload:  # the answers' modules, imported before their files are hidden
-            importlib.import_module(name)
-        pickling.loads(job.payload)  # and the modules the job's own objects come from
-        rank_sandbox.enter(bound_back, hide)
-        return True
-    except Exception as error:
-        results.send_bytes(pickle.dumps((_describe(error, job.rank), None)))
-        return False
+    for name in preload:  # the answers' modules, imported before their files are hidden
+        importlib.import_module(name)
+    pickling.loads(job.payload)  # and the modules the job's own objects come from
+    rank_sandbox.enter(bound_back, hide)
 
 
 def _tie_to_launch():
@@ -159,10 +151,7 @@ def _set_parent_death_signal(sig):
     if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-
-
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+    return libc.prctl(1, int(sig), 0, 0, 0) == 0  # 1: PR_SET_PDEATHSIG, <linux/prctl.h>
 
 
 def _share_with_children(fn, args, kwargs):
@@ -278,8 +267,8 @@ def _result(value, rank, as_data=False):
         return outcome, None
 
 
-# Messages of errors that a rank sees when a peer dies or stops answering.
-_PEER_ERROR_MARKERS = ("Connection closed by peer", "Connection reset by peer", "gloo/transport")
+_PEER_ERROR_MARKERS = ("Connection closed by peer", "Connection reset by peer",  # a peer died
+                       "gloo/transport")
 
 
 def _describe(error, rank):
@@ -305,5 +294,5 @@ def _name_and_message(error):
     return name, "" if last == name else str(error).strip()
 
 
-def _type_names(exception_type):
+def _type_names(exception_type):  # every name an `except` of the parent's could match
     return tuple(f"{t.__module__}.{t.__qualname__}" for t in exception_type.__mro__)
