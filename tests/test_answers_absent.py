@@ -21,6 +21,7 @@ from dlcourse.checks.debug import check_first_divergence
 from dlcourse.checks.expert import check_dispatch_to_experts, check_route_with_capacity
 from dlcourse.checks.pipeline import check_bubble_fraction
 from dlcourse.checks.tensor import check_column_parallel_linear
+from dlcourse.checks.zero import check_zero_bytes_per_rank, check_zero_step
 from dlcourse.grading import absent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,6 +184,10 @@ def looking_for(modules):
 SETS = {
     "04": (check_column_parallel_linear, ("dlcourse.parallel.tensor",
                                           "dlcourse.checks.tensor.linear")),
+    "05": (check_zero_step, ("dlcourse.parallel.zero", "dlcourse.checks.zero.cases",
+                             "dlcourse.checks.zero.steps")),
+    "05 bytes": (check_zero_bytes_per_rank, ("dlcourse.memory", "dlcourse.parallel.zero",
+                                             "dlcourse.checks.zero.shards")),
     "06": (check_bubble_fraction, ("dlcourse.parallel.pipeline",
                                    "dlcourse.checks.pipeline.schedules")),
     "08": (check_seq_to_heads, ("dlcourse.parallel.context",
