@@ -15,8 +15,10 @@ import pytest
 
 from checking import first_line_and_hint
 from dlcourse import pickling
+from dlcourse.checks.combine import check_first_stage_activation_bytes
 from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import Submitted
+from dlcourse.checks.data import check_accumulate_step, check_all_reduce_buckets
 from dlcourse.checks.debug import check_first_divergence
 from dlcourse.checks.expert import check_dispatch_to_experts, check_route_with_capacity
 from dlcourse.checks.pipeline import check_bubble_fraction
@@ -184,12 +186,22 @@ def looking_for(modules):
 SETS = {
     "04": (check_column_parallel_linear, ("dlcourse.parallel.tensor",
                                           "dlcourse.checks.tensor.linear")),
+    "03": (check_all_reduce_buckets, ("dlcourse.parallel.data", "dlcourse.checks.data.buckets",
+                                      "dlcourse.checks.data.replicas")),
+    # its ranks wrap the model in the lesson's DataParallel: train_step refused there, the
+    # checks' modules absent
+    "03 accumulate": (check_accumulate_step, ("dlcourse.checks.data.accumulate",
+                                              "dlcourse.checks.data.replicas")),
     "05": (check_zero_step, ("dlcourse.parallel.zero", "dlcourse.checks.zero.cases",
                              "dlcourse.checks.zero.steps")),
     "05 bytes": (check_zero_bytes_per_rank, ("dlcourse.memory", "dlcourse.parallel.zero",
                                              "dlcourse.checks.zero.shards")),
     "06": (check_bubble_fraction, ("dlcourse.parallel.pipeline",
                                    "dlcourse.checks.pipeline.schedules")),
+    "07": (check_first_stage_activation_bytes, (
+        "dlcourse.parallel.grid", "dlcourse.parallel.rules", "dlcourse.parallel.combine",
+        "dlcourse.planner", "dlcourse.parallel.pipeline.schedules", "dlcourse.memory",
+        "dlcourse.checks.combine")),
     "08": (check_seq_to_heads, ("dlcourse.parallel.context",
                                 "dlcourse.checks.context.reference")),
     "09": (check_route_with_capacity, ("dlcourse.moe", "dlcourse.parallel.expert",
