@@ -15,6 +15,7 @@ import pytest
 
 from checking import first_line_and_hint
 from dlcourse import pickling
+from dlcourse.checks.checkpoint import check_load_my_shard
 from dlcourse.checks.combine import check_first_stage_activation_bytes
 from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import Submitted
@@ -209,6 +210,10 @@ SETS = {
     "10": (check_first_divergence, ("dlcourse.debug.divergence", "dlcourse.debug.compare",
                                     "dlcourse.debug.hang", "dlcourse.parallel.tensor.grads",
                                     "dlcourse.checks.debug.reference")),
+    # its resume check keeps the fallback (`checks/checkpoint/resume.py`: RESUME)
+    "11": (check_load_my_shard, ("dlcourse.checkpoint.resume", "dlcourse.checkpoint.files",
+                                 "dlcourse.checkpoint.reshard",
+                                 "dlcourse.checks.checkpoint.reshard")),
 }
 
 
