@@ -16,12 +16,14 @@ import pytest
 from checking import first_line_and_hint
 from dlcourse import pickling
 from dlcourse.checks.checkpoint import check_load_my_shard
+from dlcourse.checks.collectives import check_ring_all_gather
 from dlcourse.checks.combine import check_first_stage_activation_bytes
 from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import Submitted
 from dlcourse.checks.data import check_accumulate_step, check_all_reduce_buckets
 from dlcourse.checks.debug import check_first_divergence
 from dlcourse.checks.expert import check_dispatch_to_experts, check_route_with_capacity
+from dlcourse.checks.memory import check_zero_model_state
 from dlcourse.checks.pipeline import check_bubble_fraction
 from dlcourse.checks.tensor import check_column_parallel_linear
 from dlcourse.checks.zero import check_zero_bytes_per_rank, check_zero_step
@@ -187,6 +189,10 @@ def looking_for(modules):
 SETS = {
     "04": (check_column_parallel_linear, ("dlcourse.parallel.tensor",
                                           "dlcourse.checks.tensor.linear")),
+    "01": (check_zero_model_state, ("dlcourse.memory", "dlcourse.checks.memory.formulas")),
+    # the cost exercise keeps the fallback (`checks/collectives/time.py`: TIME_ANSWERS)
+    "02": (check_ring_all_gather, ("dlcourse.checks.collectives.rings",
+                                   "dlcourse.checks.collectives.ring_checks")),
     "03": (check_all_reduce_buckets, ("dlcourse.parallel.data", "dlcourse.checks.data.buckets",
                                       "dlcourse.checks.data.replicas")),
     # its ranks wrap the model in the lesson's DataParallel: train_step refused there, the
