@@ -15,7 +15,7 @@ import pytest
 
 from checking import first_line_and_hint
 from dlcourse import pickling
-from dlcourse.checks.checkpoint import check_load_my_shard
+from dlcourse.checks.checkpoint import check_is_complete, check_load_my_shard
 from dlcourse.checks.collectives import check_ring_all_gather
 from dlcourse.checks.combine import check_first_stage_activation_bytes
 from dlcourse.checks.context import check_seq_to_heads
@@ -130,7 +130,9 @@ def _solution(notebook, name):
 
 @pytest.mark.parametrize("notebook, name, check", [
     ("08_context_parallel.ipynb", "seq_to_heads", check_seq_to_heads),
-    ("09_experts.ipynb", "dispatch_to_experts", check_dispatch_to_experts)], ids=["08", "09"])
+    ("09_experts.ipynb", "dispatch_to_experts", check_dispatch_to_experts),
+    # a graded rank's /tmp is its own: the checkpoint folders are sent to it as data
+    ("11_checkpoints.ipynb", "is_complete", check_is_complete)], ids=["08", "09", "11"])
 def test_the_solutions_pass_graded_with_the_answers_absent(notebook, name, check, capsys):
     check(graded(_solution(notebook, name), name))  # 2 to 5 ranks: it raises if any fails
     assert "passed" in capsys.readouterr().out
