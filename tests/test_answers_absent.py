@@ -15,12 +15,18 @@ import pytest
 
 from checking import first_line_and_hint
 from dlcourse import pickling
+from dlcourse.checks.checkpoint import check_is_complete, check_load_my_shard
+from dlcourse.checks.collectives import check_ring_all_gather
+from dlcourse.checks.combine import check_first_stage_activation_bytes
 from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import Submitted
+from dlcourse.checks.data import check_accumulate_step, check_all_reduce_buckets
 from dlcourse.checks.debug import check_first_divergence
 from dlcourse.checks.expert import check_dispatch_to_experts, check_route_with_capacity
+from dlcourse.checks.memory import check_zero_model_state
 from dlcourse.checks.pipeline import check_bubble_fraction
 from dlcourse.checks.tensor import check_column_parallel_linear
+from dlcourse.checks.zero import check_zero_bytes_per_rank, check_zero_step
 from dlcourse.grading import absent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,7 +130,9 @@ def _solution(notebook, name):
 
 @pytest.mark.parametrize("notebook, name, check", [
     ("08_context_parallel.ipynb", "seq_to_heads", check_seq_to_heads),
-    ("09_experts.ipynb", "dispatch_to_experts", check_dispatch_to_experts)], ids=["08", "09"])
+    ("09_experts.ipynb", "dispatch_to_experts", check_dispatch_to_experts),
+    # a graded rank's /tmp is its own: the checkpoint folders are sent to it as data
+    ("11_checkpoints.ipynb", "is_complete", check_is_complete)], ids=["08", "09", "11"])
 def test_the_solutions_pass_graded_with_the_answers_absent(notebook, name, check, capsys):
     check(graded(_solution(notebook, name), name))  # 2 to 5 ranks: it raises if any fails
     assert "passed" in capsys.readouterr().out
@@ -183,8 +191,26 @@ def looking_for(modules):
 SETS = {
     "04": (check_column_parallel_linear, ("dlcourse.parallel.tensor",
                                           "dlcourse.checks.tensor.linear")),
+    "01": (check_zero_model_state, ("dlcourse.memory", "dlcourse.checks.memory.formulas")),
+    # the cost exercise keeps the fallback (`checks/collectives/time.py`: TIME_ANSWERS)
+    "02": (check_ring_all_gather, ("dlcourse.checks.collectives.rings",
+                                   "dlcourse.checks.collectives.ring_checks")),
+    "03": (check_all_reduce_buckets, ("dlcourse.parallel.data", "dlcourse.checks.data.buckets",
+                                      "dlcourse.checks.data.replicas")),
+    # its ranks wrap the model in the lesson's DataParallel: train_step refused there, the
+    # checks' modules absent
+    "03 accumulate": (check_accumulate_step, ("dlcourse.checks.data.accumulate",
+                                              "dlcourse.checks.data.replicas")),
+    "05": (check_zero_step, ("dlcourse.parallel.zero", "dlcourse.checks.zero.cases",
+                             "dlcourse.checks.zero.steps")),
+    "05 bytes": (check_zero_bytes_per_rank, ("dlcourse.memory", "dlcourse.parallel.zero",
+                                             "dlcourse.checks.zero.shards")),
     "06": (check_bubble_fraction, ("dlcourse.parallel.pipeline",
                                    "dlcourse.checks.pipeline.schedules")),
+    "07": (check_first_stage_activation_bytes, (
+        "dlcourse.parallel.grid", "dlcourse.parallel.rules", "dlcourse.parallel.combine",
+        "dlcourse.planner", "dlcourse.parallel.pipeline.schedules", "dlcourse.memory",
+        "dlcourse.checks.combine")),
     "08": (check_seq_to_heads, ("dlcourse.parallel.context",
                                 "dlcourse.checks.context.reference")),
     "09": (check_route_with_capacity, ("dlcourse.moe", "dlcourse.parallel.expert",
@@ -192,6 +218,10 @@ SETS = {
     "10": (check_first_divergence, ("dlcourse.debug.divergence", "dlcourse.debug.compare",
                                     "dlcourse.debug.hang", "dlcourse.parallel.tensor.grads",
                                     "dlcourse.checks.debug.reference")),
+    # its resume check keeps the fallback (`checks/checkpoint/resume.py`: RESUME)
+    "11": (check_load_my_shard, ("dlcourse.checkpoint.resume", "dlcourse.checkpoint.files",
+                                 "dlcourse.checkpoint.reshard",
+                                 "dlcourse.checks.checkpoint.reshard")),
 }
 
 

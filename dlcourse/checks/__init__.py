@@ -21,9 +21,9 @@ the check modules, and the references they share; where its checks run code on r
     launch/           lesson 00, the worked example
     memory/           lesson 01: formulas.py
     collectives/      lesson 02: ring_checks.py, time.py, and rings.py (running a ring)
-    data/             lesson 03: steps.py, accumulate.py, buckets.py, and replicas.py (models,
-                      whole-batch references, gradient watches, weight comparisons that later
-                      lessons' checks reuse)
+    data/             lesson 03: steps.py, accumulate.py, buckets.py, and replicas.py (whole-batch
+                      references, weight comparisons that later lessons' checks reuse; the
+                      models and gradient watches a rank needs are in its in_rank.py)
     tensor/           lesson 04: linear.py, operators.py (f and g), qkv.py (the qkv shard),
                       vocab.py (the vocabulary-parallel loss), sequence.py (sequence
                       parallelism's pair and its LayerNorm gradients), cases.py (tp sizes drawn

@@ -135,6 +135,13 @@ def _hook(event, args, blocked=(), rank_side=(), shells=frozenset(), files=froze
             codes += [c for c in code.co_consts if c.__class__ is code_type]
 
 
+def is_absent(name):
+    """Is module `name` one that this process's `_Finder` keeps out (a graded rank)?"""
+    return any(isinstance(finder, _Finder) and _under(name, finder.absence.blocked)
+               and name not in finder.absence.rank_side and name not in finder.shells
+               for finder in sys.meta_path)
+
+
 def install(absence):
     """Make `absence` true in this process (a graded rank, before it unpickles its job)."""
     loaded = sorted(name for name in sys.modules if _under(name, absence.blocked)

@@ -18,4 +18,5 @@ ANSWERS = Answers(
               "dlcourse.planner.failures"),
     torch=("torch.distributed.checkpoint.state_dict_saver",
            "torch.distributed.checkpoint.state_dict_loader"),
-    checks=("dlcourse.checks.checkpoint",))
+    checks=("dlcourse.checks.checkpoint",),
+    rank_side=("dlcourse.checks.checkpoint.in_rank",))  # a graded rank loads only this

@@ -21,7 +21,9 @@ import torch.distributed as dist
 import dlcourse
 from dlcourse.checkpoint.files import METADATA, save_checkpoint
 from dlcourse.checks.checkpoint.answers import ANSWERS
-from dlcourse.checks.core import call_in_process, expect_callable, fail, fresh_cases
+from dlcourse.checks.checkpoint.in_rank import complete_in_rank
+from dlcourse.checks.core import (Submitted, call_in_process, expect_callable, fail, fresh_cases,
+                                  run_on_ranks)
 
 TEARS = {
     "never committed": "a save cut short leaves a step_N.tmp folder: it never became visible",
@@ -54,6 +56,30 @@ def _tear(src, dst, how, rng):
     return dst
 
 
+def _verdict(is_complete, path, where):
+    """is_complete(path), in this process for the notebook's self-check; under `dlcourse grade`
+    on one rank, whose /tmp is its own: the folder sent to it as data, rebuilt there."""
+    __tracebackhide__ = True
+    if not isinstance(is_complete, Submitted):
+        return call_in_process(is_complete, (path,), exercise="is_complete", where=where,
+                               guard=ANSWERS.in_process)
+    [(got, _)] = run_on_ranks(is_complete, [(os.path.basename(path), _contents(path))],
+                              exercise="is_complete", where=where, harness=complete_in_rank,
+                              guard=ANSWERS.in_rank)
+    return got
+
+
+def _contents(path):
+    """{path inside `path`: bytes} of every file under the folder."""
+    found = {}
+    for folder, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(folder, name)
+            with open(full, "rb") as f:
+                found[os.path.relpath(full, path)] = f.read()
+    return found
+
+
 @fresh_cases
 def check_is_complete(is_complete, *, rng):
     """is_complete(path) -> True for a whole checkpoint folder, False for a torn one."""
@@ -72,8 +98,7 @@ def check_is_complete(is_complete, *, rng):
             os.makedirs(os.path.dirname(path))
             path = shutil.copytree(saved, path) if how is None else _tear(saved, path, how, rng)
             where = f"is_complete on a checkpoint of {world_size} ranks ({label})"
-            got = call_in_process(is_complete, (path,), exercise="is_complete", where=where,
-                                  guard=ANSWERS.in_process)
+            got = _verdict(is_complete, path, where)
             if how is None and got is not True:
                 fail(where, None, f"returned {got!r} for a complete checkpoint",
                      "a folder whose metadata lists files that are all there at their sizes is "

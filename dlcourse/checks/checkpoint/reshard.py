@@ -15,24 +15,12 @@ chunks that overlap its piece.
 import torch
 
 from dlcourse.checks.checkpoint.answers import ANSWERS
+from dlcourse.checks.checkpoint.in_rank import load_in_rank
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail, fresh_cases
 from dlcourse.checks.core import run_on_ranks
 
 HINT = ("this rank's piece is [start, end) of the whole with torch.tensor_split's sizes; a chunk "
         "holds [offset, offset + length): copy the overlap of the two, end excluded")
-
-
-class SavedFiles:
-    """The saved chunks, one file each: `read(name)` returns its tensor and is counted."""
-
-    def __init__(self, chunks):
-        self._chunks, self.reads = chunks, []
-
-    def read(self, name):
-        if name not in self._chunks:
-            raise KeyError(f"no saved file {name!r}; the metadata names {sorted(self._chunks)}")
-        self.reads.append(name)
-        return self._chunks[name].clone()
 
 
 def draw_checkpoint(rng, n, numel):
@@ -48,12 +36,6 @@ def draw_checkpoint(rng, n, numel):
     rng.shuffle(chunks)
     files = {c["file"]: whole[c["offset"]:c["offset"] + c["length"]].clone() for c in chunks}
     return whole, {"numel": numel, "chunks": chunks}, files
-
-
-def _load_in_rank(student, metadata, chunks):
-    files = SavedFiles(chunks)
-    got = student(metadata, files)
-    return got, files.reads
 
 
 def _needed(metadata, start, end):
@@ -74,7 +56,7 @@ def check_load_my_shard(load_my_shard, timeout=CHECK_TIMEOUT_S, *, rng):
         whole, metadata, files = draw_checkpoint(rng, n, numel)
         where = f"load_my_shard: {numel} values saved by {n} ranks, loaded on {m}"
         outcomes = run_on_ranks(load_my_shard, [(metadata, files)] * m, exercise="load_my_shard",
-                                where=where, hint=HINT, harness=_load_in_rank,
+                                where=where, hint=HINT, harness=load_in_rank,
                                 guard=ANSWERS.in_rank, timeout=timeout)
         pieces = torch.tensor_split(whole, m)
         start = 0

@@ -7,4 +7,6 @@ lesson's `predict_time` and its table besides (`time.py`).
 
 from dlcourse.checks.core.answers import Answers
 
-ANSWERS = Answers(checks=("dlcourse.checks.collectives",))
+# a ring's rank loads only `in_rank.py`
+ANSWERS = Answers(checks=("dlcourse.checks.collectives",),
+                  rank_side=("dlcourse.checks.collectives.in_rank",))

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 import dlcourse
-from dlcourse.collectives import CommCounter
 from dlcourse.checks.collectives.answers import ANSWERS
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, ForbiddenCall, expect_callable,
+from dlcourse.checks.collectives.in_rank import WHY_SEND_RECV, sends_and_recvs_only
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, expect_callable,
                                   expect_tensor, fail, run_on_ranks)
 
 # float32 holds whole numbers exactly up to 2^24 and float64 up to 2^53: values below 2^20 and
@@ -34,10 +34,6 @@ from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, ForbiddenCall, e
 # of the wrong dtype shows.
 MAGNITUDE = {torch.float32: 2**20, torch.float64: 2**40}
 
-# Besides send and recv, a barrier moves no data; `forbid=COLLECTIVES` leaves it too.
-ALLOWED_OPS = ("send", "recv", "barrier")
-WHY_SEND_RECV = ("the exercise is the ring itself: build it from dist.isend, dist.irecv, "
-                 "dist.send and dist.recv (or dist.batch_isend_irecv)")
 HANG_HINT = ("in a ring rank r sends only to (r + 1) % n and receives only from (r - 1) % n, "
              "one message each per step. dist.send waits until its receiver calls recv, so if "
              "every rank sends first, every rank waits: start the send with dist.isend, then "
@@ -91,7 +87,7 @@ def check_ring(fn, cases, *, exercise, reference, compare, hint, timeout=CHECK_T
     expect_callable(fn, exercise)
     expected = {}  # world_size -> torch's results, launched once the first case needs them
     for case in cases:
-        outcomes = run_on_ranks(fn, case.rank_args, harness=_sends_and_recvs_only,
+        outcomes = run_on_ranks(fn, case.rank_args, harness=sends_and_recvs_only,
                                 exercise=exercise, where=case.where, hint=hint,
                                 forbid=COLLECTIVES, why_forbidden=WHY_SEND_RECV,
                                 hang_hint=HANG_HINT, guard=ANSWERS.in_rank, timeout=timeout)
@@ -105,20 +101,6 @@ def check_ring(fn, cases, *, exercise, reference, compare, hint, timeout=CHECK_T
     print(f"{exercise}: passed on {len(cases)} cases ({', '.join(map(str, ranks))} ranks; "
           "uneven, empty and even chunks; float32 and float64), equal to torch's, as a ring of "
           "sends and recvs")
-
-
-def _sends_and_recvs_only(student, *args):
-    """Runs in every rank: the student's function under a CommCounter; any record but send/recv
-    is refused. Returns (its value, [(op, peer, nbytes)] of its sends and recvs)."""
-    with CommCounter() as comm:
-        value = student(*args)
-    for record in comm.records:
-        if record.op not in ALLOWED_OPS:
-            whose = (f"the course's own {record.algorithm} {record.op} from dlcourse.collectives"
-                     if record.algorithm else f"torch's {record.op}")
-            raise ForbiddenCall(f"used {whose}, which this exercise does not allow: "
-                                f"{WHY_SEND_RECV}")
-    return value, [(r.op, r.peer, r.nbytes) for r in comm.records if r.op in ("send", "recv")]
 
 
 def _expect_a_ring(case, rank, messages):

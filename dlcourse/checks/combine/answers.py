@@ -20,4 +20,5 @@ ANSWERS = Answers(
     torch=(("torch.distributed.device_mesh", "init_device_mesh"),
            ("torch.distributed.device_mesh", "DeviceMesh")),
     single=(("dlcourse.memory", "model_state_bytes"),),
-    checks=("dlcourse.checks.combine",))
+    checks=("dlcourse.checks.combine",),
+    rank_side=())  # formulas: a graded rank runs core's call_in_process side only, none of these

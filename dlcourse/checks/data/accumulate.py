@@ -4,14 +4,12 @@ under the lesson's DataParallel and torch's DDP (the set's guide is `__init__.py
 from dataclasses import dataclass
 from functools import partial
 
-import torch.distributed as dist
-
-import dlcourse.parallel.data.compare as compare
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases
 from dlcourse.checks.data.answers import ANSWERS
+from dlcourse.checks.data.in_rank import accumulate_in_rank
 from dlcourse.checks.data.replicas import (batch, build, combine, count, expect_weights,
                                            explain_step, gradient_at, loss_of, optimizer, run_steps,
-                                           shards, snapshot, Watch, whole_batch)
+                                           shards, whole_batch)
 from dlcourse.checks.data.steps import LR, _sizes
 
 
@@ -32,7 +30,6 @@ ACCUMULATE_CASES = [
     AccumulateCase(3, "tied GPT", "DataParallel", (2, 1), 0.001),  # 4 buckets
     AccumulateCase(2, "MLP", "torch DDP", (2, 2, 2, 2), 0.0001),  # the same loop runs with DDP
 ]
-WRAPPERS = {"DataParallel": "overlapped", "torch DDP": compare.DDP}  # compare.wrap's names
 ACCUMULATE_HINT = ("zero the gradients once; run forward and backward of every micro-batch but "
                    "the last inside `with model.no_sync():`, each loss weighted by x.size(0) / "
                    "(samples in all micro-batches); the last one outside it; then "
@@ -58,8 +55,11 @@ def check_accumulate_step(accumulate_step, timeout=CHECK_TIMEOUT_S, *, rng):
 
 # The wrapper's machinery (the lesson's DataParallel, torch's DDP) runs inside the student's step:
 # only the lesson's train_step, and these checks' own functions, are refused there.
+# Its ranks load the lesson's data-parallel modules (`in_rank.accumulate_in_rank`), so under
+# `dlcourse grade` train_step is refused there, not absent; the checks' modules are absent.
 TRAIN_STEP = ANSWERS.but(packages=(), torch=(),
-                               single=(("dlcourse.parallel.data.steps", "train_step"),))
+                         single=(("dlcourse.parallel.data.steps", "train_step"),),
+                         rank_side=ANSWERS.rank_side + ("dlcourse.parallel.data.steps",))
 
 
 def _check_accumulate_case(accumulate_step, case, seed, timeout):
@@ -73,7 +73,8 @@ def _check_accumulate_case(accumulate_step, case, seed, timeout):
              f"{_sizes(sizes)} samples on each rank")
     outcomes = run_steps(accumulate_step, micro, exercise="accumulate_step", where=where,
                          hint=ACCUMULATE_HINT, timeout=timeout,
-                         harness=partial(_accumulate_in_rank, case), guard=TRAIN_STEP.in_rank)
+                         harness=partial(accumulate_in_rank, case.model, case.wrapper,
+                                         case.bucket_cap_mb), guard=TRAIN_STEP.in_rank)
     model = build(case.model)
     expected = whole_batch(model, optimizer("SGD", model.parameters()), batches,
                            loss_of(case.model))
@@ -84,22 +85,6 @@ def _check_accumulate_case(accumulate_step, case, seed, timeout):
             explain = partial(_explain_accumulate, case, micro, expected, weights, k)
             expect_weights(weights[k], expected[k], where=where, rank=rank, step=k,
                            explain=explain)
-
-
-def _accumulate_in_rank(case, accumulate_step, steps):
-    """Runs in every rank: the model wrapped, then the student's step on each step's
-    micro-batches, watched (all-reduces, and each call of loss_fn)."""
-    model = compare.wrap(WRAPPERS[case.wrapper], build(case.model), dist.group.WORLD,
-                         bucket_cap_mb=case.bucket_cap_mb)
-    n_buckets = len(model.buckets) if case.wrapper == "DataParallel" else None
-    opt = optimizer("SGD", model.parameters())
-    weights, events = [snapshot(model.module)], []
-    for micro_batches in steps:
-        with Watch(model.module) as watch:
-            accumulate_step(model, opt, micro_batches, watch.marked(loss_of(case.model)))
-        weights.append(snapshot(model.module))
-        events.append(watch.events)
-    return weights, events, n_buckets
 
 
 def _expect_one_sync(events, M, n_buckets, where, rank, k):

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.distributed as dist
 
 import dlcourse.parallel.data.buckets as library
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, call_in_process, describe, dtype_name,
-                                  expect_callable, fail, fresh_cases, kind, run_on_ranks)
+                                  expect_callable, fail, fresh_cases, run_on_ranks)
 from dlcourse.checks.data.answers import ANSWERS
-from dlcourse.checks.data.replicas import (MODELS, TOLERANCE, Watch, batch, build, count,
+from dlcourse.checks.data.in_rank import plan_by_name, reduce_in_rank
+from dlcourse.checks.data.replicas import (MODELS, TOLERANCE, batch, build, count,
                                            expect_gradients_reduced, gradient_at, gradients,
                                            loss_of, shards, snapshot, worst_element)
 
@@ -73,16 +73,6 @@ def check_make_buckets(make_buckets, *, rng):
     print(f"make_buckets: passed on {len(PLAN_CASES) + 1} cases (MLP, tied GPT, parameters without "
           "gradients; caps of 0, exactly full and one bucket; float32 and float64), equal to "
           "the lesson's plan")
-
-
-def plan_by_name(plan, model, bucket_cap_mb):
-    """The student's plan as data, made where it was computed: each Parameter of `model` by its
-    name, anything else as {"not": what it is}; {"not": ...} for a plan that is not a list of
-    lists. (Parameters are told apart by identity, which does not survive leaving the process.)"""
-    names = {id(p): n for n, p in model.named_parameters()}
-    if not isinstance(plan, (list, tuple)) or not all(isinstance(b, (list, tuple)) for b in plan):
-        return {"not": kind(plan)}
-    return [[names.get(id(p), {"not": kind(p)}) for p in bucket] for bucket in plan]
 
 
 def _compare_plan(got, expected, model, cap, where):
@@ -207,7 +197,8 @@ def _check_reduce_case(all_reduce_buckets, case, seed, timeout):
              f"({', '.join(f'{b.nbytes:,}' for b in plan)} bytes)")
     outcomes = run_on_ranks(all_reduce_buckets, [(s,) for s in per_rank],
                             exercise="all_reduce_buckets", where=where, hint=REDUCE_HINT,
-                            timeout=timeout, harness=partial(_reduce_in_rank, case),
+                            timeout=timeout,
+                            harness=partial(reduce_in_rank, case.model, dtype, _names(plan, model)),
                             guard=ANSWERS.in_rank)
     initial = snapshot(model)
     loss_of(case.model)(model(x), y).backward()
@@ -226,15 +217,10 @@ def _check_reduce_case(all_reduce_buckets, case, seed, timeout):
                      "the parameters")
 
 
-def _reduce_in_rank(case, all_reduce_buckets, shard):
-    """Runs in every rank: backward on its shard, then the student's all_reduce_buckets."""
-    model = build(case.model, case.dtype)
-    x, y = shard
-    loss_of(case.model)(model(x), y).backward()
-    plan = [b.params for b in library.make_buckets(model, case.bucket_cap_mb)]
-    with Watch(model) as watch:
-        all_reduce_buckets(plan, dist.group.WORLD)
-    return gradients(model), snapshot(model), watch.events
+def _names(plan, model):
+    """The lesson's plan (its Buckets) as each bucket's parameter names, for the ranks."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [[names[id(p)] for p in bucket.params] for bucket in plan]
 
 
 def _expect_one_per_bucket(events, plan, where, rank):

@@ -3,7 +3,8 @@
 The checks in `steps.py`, `accumulate.py` and `buckets.py` build on these pieces:
 - the models the students never see (`MODELS`: a small MLP, the course GPT with its tied
   embedding and output weight, an MLP with a parameter no layer uses and a frozen one), their data
-  and losses, built the same from a seed in any process;
+  and losses, built the same from a seed in any process (defined in `in_rank.py`, the rank side,
+  with `Watch`);
 - the reference: one process training the same model on the whole batch (`whole_batch`), and the
   gradient of any part of a batch at given weights (`gradient_at`);
 - `Watch`: lesson 02's CommCounter, noting also which parameter's values a collective carried (a
@@ -14,65 +15,18 @@ The checks in `steps.py`, `accumulate.py` and `buckets.py` build on these pieces
 
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from dlcourse.collectives.counter import CommCounter, record_of
 from dlcourse.checks.core import fail, run_on_ranks
-from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, init_weights, lm_loss,
-                             synthetic_regression, synthetic_tokens)
+# what a rank builds and watches (`in_rank.py`, the set's rank side), shared with the checks
+from dlcourse.checks.data.in_rank import (GPT_CONFIG, MLP_CONFIG, MODELS, OPTIMIZERS,  # noqa: F401
+                                          SEED, Watch, build, gradients, loss_of, optimizer,
+                                          snapshot)
+
 
 # ---------------------------------------------------------------- models and data
 
-MLP_CONFIG = MLPConfig(d_in=5, hidden=7, n_layers=2, d_out=3)
-GPT_CONFIG = GPTConfig(vocab_size=19, seq_len=6, n_layers=1, n_heads=2, hidden=8)  # tied
-SEED = 7
-
-
-class WithIdleParameters(nn.Module):
-    """The MLP and two parameters that get no gradient: `unused`, a layer forward never calls
-    (as a model skips a layer in some steps), and `frozen`, a scale with requires_grad=False."""
-
-    def __init__(self, config, seed=0):
-        super().__init__()
-        self.mlp = MLP(config, seed)
-        self.unused = nn.Linear(config.d_out, 2)
-        init_weights(self.unused, seed + 1, residual_layers=0)  # same seed, same weights
-        scale = 1 + 0.1 * torch.randn(config.d_out, generator=torch.Generator().manual_seed(seed))
-        self.frozen = nn.Parameter(scale, requires_grad=False)
-
-    def forward(self, x):
-        return self.mlp(x) * self.frozen
-
-
-def _regression(n, seed, dtype):
-    x, y = synthetic_regression(n, MLP_CONFIG, seed)
-    return x.to(dtype), y.to(dtype)
-
-
-def _tokens(n, seed, dtype):
-    return synthetic_tokens(n, GPT_CONFIG, seed)
-
-
-# name -> (build(seed), data(n, seed, dtype), loss_fn); every loss is a mean over the samples
-MODELS = {
-    "MLP": (lambda seed: MLP(MLP_CONFIG, seed), _regression, F.mse_loss),
-    "tied GPT": (lambda seed: GPT(GPT_CONFIG, seed), _tokens, lm_loss),
-    "MLP with idle parameters": (lambda seed: WithIdleParameters(MLP_CONFIG, seed), _regression,
-                                 F.mse_loss),
-}
-
-
-def build(name, dtype=torch.float32, seed=SEED):
-    return MODELS[name][0](seed).to(dtype)
-
-
 def batch(name, n, seed, dtype=torch.float32):
     return MODELS[name][1](n, seed, dtype)
-
-
-def loss_of(name):
-    return MODELS[name][2]
 
 
 def shards(samples, sizes):
@@ -86,15 +40,6 @@ def run_steps(fn, steps, **run):
     return run_on_ranks(fn, [([step[r] for step in steps],) for r in range(len(steps[0]))], **run)
 
 
-def snapshot(model):
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-
-def gradients(model):
-    return {name: None if p.grad is None else p.grad.detach().clone()
-            for name, p in model.named_parameters()}
-
-
 # Rounding. A sum over ranks adds the same float32 numbers in another order than one process's
 # matmul does, so gradients differ by ~1e-9 (lesson 03, step 1). Measured on these cases: the
 # weights after 2-3 SGD steps at lr 0.1 differ by 4e-9 at most, after AdamW steps at lr 1e-3 by
@@ -103,12 +48,6 @@ def gradients(model):
 # with SGD (the sum of 4 ranks: 5e-2), by 1e-3 with AdamW (averaged parameters). float64 rounds
 # ~1e-9 times less.
 TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-12}
-OPTIMIZERS = {"SGD": (torch.optim.SGD, 0.1), "AdamW": (torch.optim.AdamW, 1e-3)}
-
-
-def optimizer(name, params):
-    make, lr = OPTIMIZERS[name]
-    return make(params, lr=lr)
 
 
 # ---------------------------------------------------------------- the reference
@@ -140,40 +79,6 @@ def combine(terms):
 
 
 # ---------------------------------------------------------------- running the student's code
-
-class Watch(CommCounter):
-    """Lesson 02's CommCounter, noting for every collective which parameter's values it carried
-    (by the tensor's memory, which `p`, `p.data` and `p.detach()` share and `p.grad` does not),
-    and the calls of `loss_fn` in between: `events` is [(op, nbytes, parameter name or None)]."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.params = {p.untyped_storage().data_ptr(): n for n, p in model.named_parameters()}
-        self.events = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        record = record_of(func, args, kwargs or {})
-        if record is not None:
-            self.events.append((record.op, record.nbytes, self._parameter_in(args)))
-        return func(*args, **(kwargs or {}))
-
-    def _parameter_in(self, args):
-        for a in args:
-            for t in a if isinstance(a, (list, tuple)) else [a]:
-                if isinstance(t, torch.Tensor) and t.numel():
-                    name = self.params.get(t.untyped_storage().data_ptr())
-                    if name is not None:
-                        return name
-        return None
-
-    def marked(self, loss_fn):
-        """loss_fn, noting each call as a ("loss", 0, None) event."""
-        def loss(output, target):
-            self.events.append(("loss", 0, None))
-            return loss_fn(output, target)
-
-        return loss
-
 
 def expect_gradients_reduced(events, where, rank, hint):
     """Fail if an all-reduce carried a parameter's values instead of a gradient."""

@@ -4,15 +4,15 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.distributed as dist
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases,
                                   run_on_ranks)
 from dlcourse.checks.data.answers import ANSWERS
+from dlcourse.checks.data.in_rank import broadcast_in_rank, step_in_rank
 from dlcourse.checks.data.replicas import (MODELS, OPTIMIZERS, batch, build, combine,
                                            expect_gradients_reduced, expect_weights, explain_step,
                                            gradient_at, loss_of, optimizer, run_steps, shards,
-                                           snapshot, Watch, whole_batch)
+                                           snapshot, whole_batch)
 
 LR = OPTIMIZERS["SGD"][1]
 
@@ -42,20 +42,13 @@ def check_broadcast_parameters(broadcast_parameters, timeout=CHECK_TIMEOUT_S, *,
         first = rng.randrange(2**31)  # rank r builds its model from seed first + r
         outcomes = run_on_ranks(broadcast_parameters, [()] * W, exercise="broadcast_parameters",
                                 where=where, hint=BROADCAST_HINT, timeout=timeout,
-                                harness=partial(_broadcast_in_rank, name, first),
+                                harness=partial(broadcast_in_rank, name, first),
                                 guard=ANSWERS.in_rank)
         starts = [snapshot(build(name, seed=first + r)) for r in range(W)]
         for rank, (weights, _) in enumerate(outcomes):
             _expect_broadcast(weights, starts, rank, where)
     print(f"broadcast_parameters: passed on {len(cases)} cases (4, 3, 2 ranks; tied "
           "GPT, MLP, a frozen parameter), every rank holds rank 0's weights")
-
-
-def _broadcast_in_rank(name, first, broadcast_parameters):
-    """Runs in every rank: its own random start, then the student's broadcast."""
-    model = build(name, seed=first + dist.get_rank())
-    broadcast_parameters(model, dist.group.WORLD)
-    return snapshot(model)
 
 
 def _expect_broadcast(got, starts, rank, where):
@@ -121,7 +114,8 @@ def _check_step_case(data_parallel_step, case, seed, timeout):
              f"{_sizes(case.shards)}, {case.optimizer}")
     steps = [shards(b, case.shards) for b in batches]  # steps[k][r]: rank r's (x, y) in step k
     outcomes = run_steps(data_parallel_step, steps, exercise="data_parallel_step", where=where,
-                         hint=STEP_HINT, timeout=timeout, harness=partial(_step_in_rank, case),
+                         hint=STEP_HINT, timeout=timeout,
+                         harness=partial(step_in_rank, case.model, case.optimizer),
                          guard=ANSWERS.in_rank)
     model = build(case.model)
     expected = whole_batch(model, optimizer(case.optimizer, model.parameters()), batches,
@@ -135,18 +129,6 @@ def _check_step_case(data_parallel_step, case, seed, timeout):
                               rank)
             expect_weights(weights[k], expected[k], where=where, rank=rank, step=k,
                            explain=explain)
-
-
-def _step_in_rank(case, data_parallel_step, steps):
-    """Runs in every rank: the same start (as after a broadcast), then the student's steps."""
-    model = build(case.model)
-    opt = optimizer(case.optimizer, model.parameters())
-    weights = [snapshot(model)]
-    with Watch(model) as watch:
-        for x, y in steps:
-            data_parallel_step(model, opt, x, y, loss_of(case.model), dist.group.WORLD)
-            weights.append(snapshot(model))
-    return weights, watch.events
 
 
 def _explain_data_parallel_step(case, steps, expected, weights, k, rank):

@@ -7,4 +7,5 @@ exercise adds the lesson's formula that is its answer (`dlcourse.memory`'s `mode
 
 from dlcourse.checks.core.answers import Answers
 
-ANSWERS = Answers(checks=("dlcourse.checks.memory",))
+ANSWERS = Answers(checks=("dlcourse.checks.memory",),
+                  rank_side=("dlcourse.checks.memory.in_rank",))  # a graded rank loads only this

@@ -1,6 +1,5 @@
 """Lesson 01's three formula checks, run in this process (the set's guide is `__init__.py`)."""
 
-import contextlib
 import functools
 import numbers
 from collections.abc import Mapping
@@ -9,7 +8,8 @@ from dataclasses import replace
 import torch
 
 from dlcourse.checks.memory.answers import ANSWERS
-from dlcourse.checks.core import call_in_process, fail, fresh_cases, refusal
+from dlcourse.checks.memory.in_rank import no_modules
+from dlcourse.checks.core import call_in_process, fail, fresh_cases
 from dlcourse.memory import (MemoryParts, SavedTensorLog, count_params, estimate_gpt_step,
                              gpt_saved_tensors, measure_step, model_state_bytes, param_shapes,
                              spec_params)
@@ -24,21 +24,8 @@ def _answer(fn, args, *, exercise, where, forbidden=(), why=""):
     the case."""
     __tracebackhide__ = True
     answers = ANSWERS.but(single=tuple(("dlcourse.memory", f.__name__) for f in forbidden),
-                          also=(functools.partial(_no_modules, why),), why=why)
+                          also=(functools.partial(no_modules, why),), why=why)
     return call_in_process(fn, args, exercise=exercise, where=where, guard=answers.in_process)
-
-
-@contextlib.contextmanager
-def _no_modules(why):
-    """A class's __init__ reaches Module.__init__ through super(), so every model, Linear or
-    LayerNorm built while this is active is refused, however it was imported."""
-    module_init = torch.nn.Module.__init__
-    torch.nn.Module.__init__ = refusal("a torch module (GPT, MLPBlock, nn.Linear, ...)",
-                                       why, verb="built")
-    try:
-        yield
-    finally:
-        torch.nn.Module.__init__ = module_init
 
 
 def _expect_number(got, *, where, unit, hint=""):

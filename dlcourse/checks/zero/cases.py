@@ -4,14 +4,14 @@ Each check draws its cases from the `rng` that `core.fresh_cases` seeds afresh o
 failure names the seed; `seed=` replays it), so a student cannot tabulate the answers. Every run
 covers the edge cases: 2, 3 and 4 ranks, and a first case where N does not divide Ψ with at
 least two elements of padding (`uneven`). Models are an MLP or the course GPT of random small
-sizes, tied or not, in float64 so that a proof is exact up to rounding.
+sizes, tied or not, in float64 so that a proof is exact up to rounding; a rank builds them
+with `in_rank.py`'s `build`, re-exported here with `loss_fn` and `flat_of`.
 """
 
 import torch
-import torch.nn.functional as F
 
-from dlcourse.models import (GPT, MLP, GPTConfig, MLPConfig, lm_loss, synthetic_regression,
-                             synthetic_tokens)
+from dlcourse.checks.zero.in_rank import build, flat_of, loss_fn  # noqa: F401
+from dlcourse.models import GPTConfig, MLPConfig, synthetic_regression, synthetic_tokens
 
 
 def draw_world_sizes(rng):
@@ -48,7 +48,6 @@ def padded_shard(flat, world_size, rank):
     return padded[rank * s:(rank + 1) * s]
 
 
-MODEL_SEED = 5
 # float64 gradients summed over ranks in another order than one process's matmul differ by
 # ~1e-16 relative (values below 10 here): 1e-12 leaves a thousand times that.
 GRAD_ATOL = 1e-12
@@ -67,20 +66,11 @@ def draw_model(rng):
                             bias=rng.random() < 0.5, tie_embeddings=rng.random() < 0.5)
 
 
-def build(spec):
-    kind, config = spec
-    return (MLP if kind == "MLP" else GPT)(config, MODEL_SEED).to(torch.float64)
-
-
 def data(spec, n, seed):
     kind, config = spec
     if kind == "MLP":
         return tuple(t.to(torch.float64) for t in synthetic_regression(n, config, seed))
     return synthetic_tokens(n, config, seed)
-
-
-def loss_fn(spec):
-    return F.mse_loss if spec[0] == "MLP" else lm_loss
 
 
 def describe_model(spec):
@@ -89,10 +79,6 @@ def describe_model(spec):
         return f"MLP {c.d_in}-{'-'.join([str(c.hidden)] * c.n_layers)}-{c.d_out}"
     return (f"GPT h={c.hidden}, {c.n_heads} heads, V={c.vocab_size}, T={c.seq_len}, "
             f"bias={c.bias}, {'tied' if c.tie_embeddings else 'untied'}")
-
-
-def flat_of(tensors):
-    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 def gradient(spec, weights, x, y):

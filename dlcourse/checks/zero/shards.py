@@ -5,13 +5,12 @@ import numbers
 from collections.abc import Mapping
 
 import torch
-import torch.distributed as dist
-import torch.nn as nn
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, call_in_process, dtype_name, expect_callable,
                                   expect_tensor, expect_unchanged, fail, fresh_cases, kind,
                                   random_tensor, run_on_ranks)
 from dlcourse.checks.zero.answers import ANSWERS
+from dlcourse.checks.zero.in_rank import shard_in_rank
 from dlcourse.checks.zero.cases import draw_world_sizes, padded_shard, uneven
 from dlcourse.memory import model_state_bytes, storage_bytes
 
@@ -58,7 +57,7 @@ def _check_shard_case(shard_of, world_size, shapes, dtype, data_seed, timeout):
     where = (f"shard_of on {world_size} ranks, {dtype_name(dtype)} parameters of shapes "
              f"{', '.join(map(str, shapes))} (Ψ = {psi}, s = {s})")
     outcomes = run_on_ranks(shard_of, [(params,)] * world_size, exercise="shard_of", where=where,
-                            hint=SHARD_HINT, harness=_shard_in_rank, guard=ANSWERS.in_rank,
+                            hint=SHARD_HINT, harness=shard_in_rank, guard=ANSWERS.in_rank,
                             timeout=timeout)
     for rank, ((got, after), _) in enumerate(outcomes):
         for i, (before, p) in enumerate(zip(params, after)):
@@ -67,14 +66,6 @@ def _check_shard_case(shard_of, world_size, shapes, dtype, data_seed, timeout):
         expected = padded_shard(flat, world_size, rank)
         hint = _shard_hint(got, expected, params, flat, world_size, rank)
         expect_tensor(got, expected, where=where, rank=rank, hint=hint)
-
-
-def _shard_in_rank(shard_of, params):
-    """Runs in every rank: the parameters as nn.Parameters, the student's shard of them."""
-    params = [nn.Parameter(p.clone()) for p in params]
-    got = shard_of(params, dist.group.WORLD)
-    got = got.detach().clone() if isinstance(got, torch.Tensor) else got
-    return got, [p.detach() for p in params]
 
 
 def _shard_hint(got, expected, params, flat, world_size, rank):

@@ -13,21 +13,15 @@ through the process group's own methods is seen too.
 from functools import partial
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases)
-from dlcourse.checks.data.replicas import expect_weights, run_steps, shards, snapshot, whole_batch
+from dlcourse.checks.data.replicas import expect_weights, run_steps, shards, whole_batch
 from dlcourse.checks.zero.answers import ANSWERS
 from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_cases, flat_of,
                                         gradient, loss_fn, padded_shard)
-from dlcourse.collectives.counter import CommCounter
-from dlcourse.memory import storage_bytes
-
-# eps = 1e-3, not 1e-8: with a tiny eps Adam's step hardly depends on the gradient's size
-# (m / sqrt(v)), so a gradient summed instead of averaged would move weights by ~1e-11 only.
-ADAMW = {"lr": 1e-2, "eps": 1e-3, "weight_decay": 0.01}
+from dlcourse.checks.zero.in_rank import ADAMW, step_in_rank
 
 
 # ---------------------------------------------------------------- exercise 2: the step
@@ -67,7 +61,7 @@ def _check_step_case(zero_step, spec, world_size, per_rank, data_seed, timeout):
     where = (f"zero_step on {W} ranks, {describe_model(spec)} (Ψ = {psi}, shards of s = {s}, "
              f"{W * s - psi} padding), {per_rank} samples per rank")
     outcomes = run_steps(zero_step, steps, exercise="zero_step", where=where, hint=STEP_HINT,
-                         timeout=timeout, harness=partial(_step_in_rank, spec),
+                         timeout=timeout, harness=partial(step_in_rank, spec, _masters(spec, W)),
                          guard=ANSWERS.in_rank, forbid=("all_reduce", "all_reduce_coalesced"),
                          why_forbidden="stage 1 needs only this rank's shard of the average: "
                                        "reduce-scatter it")
@@ -82,37 +76,10 @@ def _check_step_case(zero_step, spec, world_size, per_rank, data_seed, timeout):
             _expect_gathered(record, expected, k, rank, where)
 
 
-def _step_in_rank(spec, zero_step, steps):
-    """Runs in every rank: the model, this rank's master shard and its AdamW, then for each
-    step a backward on this rank's samples and the student's step, recorded."""
-    model = build(spec)
-    params = list(model.parameters())
-    W, rank = dist.get_world_size(), dist.get_rank()
-    master = padded_shard(flat_of([p.detach() for p in params]), W, rank).clone()
-    master.requires_grad_(True)
-    optimizer = torch.optim.AdamW([master], **ADAMW)
-    records = []
-    for x, y in steps:
-        model.zero_grad(set_to_none=True)
-        loss_fn(spec)(model(x), y).backward()
-        with CommCounter() as comm:
-            zero_step(params, master, optimizer, dist.group.WORLD)
-        grad = master.grad
-        records.append({"weights": snapshot(model), "master": master.detach().clone(),
-                        "master_grad": None if grad is None else grad.detach().clone(),
-                        "held": storage_bytes(p.grad for p in params if p.grad is not None),
-                        "ops": [r.op for r in comm.records], "moved": _moved(comm.records),
-                        "buffer": W * master.numel() * master.element_size()})
-    return records
-
-
-def _moved(records):
-    """{collective: bytes} of a step (`CommRecord.nbytes`: reduce-scatter's whole input,
-    all-gather's whole output)."""
-    moved = {}
-    for record in records:
-        moved[record.op] = moved.get(record.op, 0) + record.nbytes
-    return moved
+def _masters(spec, W):
+    """[rank r's master shard]: the model's flat parameters padded and cut, as each rank starts."""
+    flat = flat_of([p.detach() for p in build(spec).parameters()])
+    return [padded_shard(flat, W, rank) for rank in range(W)]
 
 
 # What a correct step makes: one reduce-scatter of the N x s gradient buffer, one all-gather of

@@ -13,18 +13,13 @@ ranks' shards again, which a full copy kept between passes and a token collectiv
 
 from functools import partial
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases)
 from dlcourse.checks.data.replicas import run_steps, shards, snapshot
 from dlcourse.checks.zero.answers import ANSWERS
-from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_cases, flat_of,
-                                        gradient, loss_fn, padded_shard)
-from dlcourse.collectives.counter import CommCounter
-from dlcourse.memory import storage_bytes
+from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_cases,
+                                        flat_of, gradient, padded_shard)
+from dlcourse.checks.zero.in_rank import unit_in_rank, unit_of
 
 
 # ---------------------------------------------------------------- exercise 3: a stage-3 unit
@@ -52,11 +47,6 @@ def check_gather_and_free(gather_and_free, timeout=CHECK_TIMEOUT_S, *, rng):
           "gathered for each pass and freed after it")
 
 
-def unit_of(model, spec):
-    """The unit stage 3 shards: the GPT's last block, or the MLP's output layer."""
-    return model.blocks[-1] if spec[0] == "GPT" else model[-1]
-
-
 def _unit_psi(spec):
     return sum(p.numel() for p in unit_of(build(spec), spec).parameters())
 
@@ -70,7 +60,8 @@ def _check_unit_case(gather_and_free, spec, world_size, data_seed, timeout):
     where = (f"gather_and_free on {W} ranks, {describe_model(spec)}, {unit} sharded (Ψ = {psi}, "
              f"s = {s})")
     outcomes = run_steps(gather_and_free, micro, exercise="gather_and_free", where=where,
-                         hint=UNIT_HINT, timeout=timeout, harness=partial(_unit_in_rank, spec),
+                         hint=UNIT_HINT, timeout=timeout,
+                         harness=partial(unit_in_rank, spec, _unit_shards(spec, W)),
                          guard=ANSWERS.in_rank)
     full_bytes = W * s * _itemsize(spec)  # `full`: N shards of s elements
     for rank, (records, _) in enumerate(outcomes):
@@ -78,46 +69,10 @@ def _check_unit_case(gather_and_free, spec, world_size, data_seed, timeout):
             _expect_unit_pass(spec, record, micro[k - 1][rank], k, rank, where, full_bytes, W)
 
 
-def _unit_in_rank(spec, student, micro_batches):
-    """Runs in every rank: the unit's parameters made views of `full` (freed) with this rank's
-    shard beside it, the student's hooks installed, then forward and backward, watched."""
-    model = build(spec)
-    unit = unit_of(model, spec)
-    W, rank = dist.get_world_size(), dist.get_rank()
-    full, shard = _shard_unit(unit, W, rank)
-    records, loss_of = [], loss_fn(spec)  # the check's own helpers: called before the guard
-    with student.guarded():  # the hooks run the student's code: guarded as it runs
-        student.fn(unit, full, shard, dist.group.WORLD)
-        for x, y in micro_batches:
-            model.zero_grad(set_to_none=True)
-            with CommCounter() as forward:
-                loss = loss_of(model(x), y)
-            after_forward = storage_bytes(unit.parameters())
-            with CommCounter() as backward:
-                loss.backward()
-            records.append({"grads": {n: p.grad for n, p in model.named_parameters()},
-                            "after_forward": after_forward,
-                            "after_backward": storage_bytes(unit.parameters()),
-                            "forward_ops": [(r.op, r.nbytes) for r in forward.records],
-                            "backward_ops": [(r.op, r.nbytes) for r in backward.records]})
-    return records
-
-
-def _shard_unit(unit, W, rank):
-    """Make every parameter of `unit` a view of one flat buffer `full` (N x s elements, padded),
-    free it, and return (full, this rank's shard of it)."""
-    params = list(unit.named_parameters())
-    flat = flat_of([p.detach() for _, p in params])
-    shard = padded_shard(flat, W, rank).clone()
-    full = torch.zeros(W * shard.numel(), dtype=flat.dtype)
-    offset = 0
-    for name, p in params:
-        owner, _, attr = name.rpartition(".")
-        module = unit.get_submodule(owner) if owner else unit
-        setattr(module, attr, nn.Parameter(full[offset:offset + p.numel()].view_as(p)))
-        offset += p.numel()
-    full.untyped_storage().resize_(0)  # stage 3: between passes a rank holds only its shard
-    return full, shard
+def _unit_shards(spec, W):
+    """[rank r's shard of the unit's flat parameters, padded]: what each rank starts from."""
+    flat = flat_of([p.detach() for p in unit_of(build(spec), spec).parameters()])
+    return [padded_shard(flat, W, rank) for rank in range(W)]
 
 
 def _itemsize(spec):
