@@ -56,6 +56,19 @@ def loads_as_data(payload):
     return torch.load(io.BytesIO(payload), weights_only=True)
 
 
+ONLY_DATA = ("but this launch reads only data. Return tensors, numbers (numpy's and Fractions "
+             "too), strings, or lists, tuples, dicts and sets of them.")
+
+
+def not_data(value):
+    """None where `value` travels as data; else what it is ('a Foo', `kind`)."""
+    try:
+        loads_as_data(saved(value))
+        return None
+    except Exception:
+        return kind(value)
+
+
 def kind(value):
     """'a Foo', or for a container, the first thing inside it that is not data."""
     if isinstance(value, (list, tuple, set, frozenset, dict)):

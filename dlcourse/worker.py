@@ -256,9 +256,7 @@ def _result(value, rank, as_data=False):
         return RankOutcome(rank, RETURNED, time=time.monotonic()), pickling.dumps(value)
     except Exception as error:
         if as_data:  # torch's message is about checkpoints; say what the rank sent instead
-            message = (f"rank {rank} returned {returned.kind(value)}, but this launch reads only "
-                       "data. Return tensors, numbers (numpy's and Fractions too), strings, or "
-                       "lists, tuples, dicts and sets of them.")
+            message = f"rank {rank} returned {returned.kind(value)}, {returned.ONLY_DATA}"
         else:
             message = (f"rank {rank} returned a {type(value).__name__}, which cannot be pickled "
                        f"to send back ({error}). Return tensors, numbers, or lists and dicts of them.")

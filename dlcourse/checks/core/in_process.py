@@ -117,11 +117,16 @@ def _call_each_in_rank(payload, args_list, exercise, guard, hint, answer):
     results = []
     for i, args in enumerate(args_list):
         try:
-            results.append(("value", _call(fn, args, exercise, _case_marker(i), guard, hint,
-                                           answer)))
+            value = _call(fn, args, exercise, _case_marker(i), guard, hint, answer)
         except CheckFailed as failed:
             results.append(("failed", str(failed)))
             break
+        what = returned.not_data(value)  # named by its case, as one call's launch would
+        if what is not None:
+            results.append(("failed", f"{_case_marker(i)}: rank 0 returned {what}, "
+                                      f"{returned.ONLY_DATA}"))
+            break
+        results.append(("value", value))
     return results
 
 

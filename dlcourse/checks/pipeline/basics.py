@@ -4,7 +4,7 @@ import numbers
 
 import torch
 
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, call_in_process, describe,
+from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, call_each_in_process, describe,
                                   expect_callable, fail, fresh_cases, kind, run_on_ranks)
 from dlcourse.checks.pipeline.answers import ANSWERS
 from dlcourse.checks.pipeline.in_rank import exchange_in_rank
@@ -12,10 +12,10 @@ from dlcourse.checks.pipeline.stages import join, stage_counts
 
 
 
-def _in_process(fn, args, exercise, where):
+def _each(fn, calls, exercise):
+    """[(args, where)] -> each case's answer, in order (graded: every case in one launch)."""
     __tracebackhide__ = True
-    return call_in_process(fn, args, exercise=exercise, where=where,
-                           guard=ANSWERS.in_process)
+    return call_each_in_process(fn, calls, exercise=exercise, guard=ANSWERS.in_process)
 
 
 # ---------------------------------------------------------------- exercise 1: stage boundaries
@@ -38,9 +38,9 @@ def check_stage_boundaries(stage_boundaries, *, rng):
     expect_callable(stage_boundaries, "stage_boundaries")
     cases = [(p * rng.randint(1, 4) + (rng.randint(1, p - 1) if i % 2 else 0), p)
              for i, p in enumerate(stage_counts(rng, 6))]
-    for n, p in cases:
-        where = f"stage_boundaries(n_layers={n}, n_stages={p})"
-        got = _in_process(stage_boundaries, (n, p), "stage_boundaries", where)
+    calls = [((n, p), f"stage_boundaries(n_layers={n}, n_stages={p})") for n, p in cases]
+    for (n, p), (_, where), got in zip(cases, calls,
+                                       _each(stage_boundaries, calls, "stage_boundaries")):
         _expect_boundaries(got, n, p, where)
     print(f"stage_boundaries: passed on {len(cases)} cases drawn at random ({_ps(cases)} "
           "stages; even and uneven splits): balanced, the last stage never one of the larger")
@@ -90,9 +90,9 @@ def check_bubble_fraction(bubble_fraction, *, rng):
     __tracebackhide__ = True
     expect_callable(bubble_fraction, "bubble_fraction")
     cases = [(p, rng.randint(1, 4 * p)) for p in stage_counts(rng, 5) + [rng.randint(6, 8)]]
-    for p, m in cases:
-        where = f"bubble_fraction(n_stages={p}, n_micro={m})"
-        got = _in_process(bubble_fraction, (p, m), "bubble_fraction", where)
+    calls = [((p, m), f"bubble_fraction(n_stages={p}, n_micro={m})") for p, m in cases]
+    for (p, m), (_, where), got in zip(cases, calls,
+                                       _each(bubble_fraction, calls, "bubble_fraction")):
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
