@@ -118,13 +118,6 @@ class Answers:
                        files=tuple(os.path.realpath(f) for f in files if f not in kept),
                        **_fingerprinted(self.objects() + self.keys(), rank_side))
 
-    def graded(self):
-        """What a graded rank of this set refuses in-process: this same declaration, whose walk
-        finds no absent module there (`package_modules` skips a module that does not import),
-        so what is refused is what the rank has: torch's answers, and the `rank_side` modules
-        (a lesson module a harness needs too, e.g. the catalogue's runs in lesson 10)."""
-        return self
-
     @contextlib.contextmanager
     def _refusing(self, namespaces=()):
         with contextlib.ExitStack() as stack:

@@ -95,7 +95,8 @@ def _expect_received(measured, receives, where, hint):
 def graded_launch(guard, kind, *args):
     """(launch_as_data's options, the guard a graded rank enters) for `guard(*args)`'s `Answers`:
     - a set that declares its `rank_side` code: the answer modules absent from the rank
-      (`grading/absent.py`), torch's answers still refused there (`Answers.graded`);
+      (`grading/absent.py`); the same declaration's guard refuses what the rank still has (its
+      walk skips a module that does not import there): torch's answers, the `rank_side` modules;
     - any other: the answer modules imported, then their files hidden (`Answers.hidden`);
     - a guard of another kind: as it is, nothing hidden.
     `kind` is the guard's flavour: "in_rank" (`run_on_ranks`) or "in_process" (one rank)."""
@@ -109,7 +110,7 @@ def graded_launch(guard, kind, *args):
         preload, hide = answers.hidden()
         return {"preload": preload, "hide": hide}, guard
     absence = answers.absence()
-    return {"hide": absence.files, "absence": absence}, getattr(answers.graded(), kind)
+    return {"hide": absence.files, "absence": absence}, getattr(answers, kind)
 
 
 class StudentCode:

@@ -122,7 +122,7 @@ def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, timeout=CH
     graded = isinstance(reduce_scatter_sequence, Submitted)  # its rank has no answer module
     other = StudentCode(reduce_scatter_sequence.payload if graded
                         else pickling.dumps(reduce_scatter_sequence),
-                        guard=SEQUENCE.graded().in_rank if graded else SEQUENCE.in_rank)
+                        guard=SEQUENCE.in_rank)
     for tp in draw_tp_sizes(rng):
         x, ln, a, b, upstream = draw_block(rng, tp)
         where = (f"sequence parallelism on {tp} ranks, x {tuple(x.shape)} cut along dim 1, "
