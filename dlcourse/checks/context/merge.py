@@ -12,6 +12,8 @@ either order, scores of a few thousand in float64 and of ~150 in float32, where 
 overflows (e^709 is float64's largest, e^88.7 float32's), and float32.
 """
 
+import math
+
 import torch
 
 from dlcourse.checks.context.reference import attention
@@ -129,10 +131,14 @@ def _expect_close(got, expected, name, args, where, rtol, atol):
 def _explain(got, name, args, row, lse_1, lse_2):
     """The hint for the commonest mistakes, recognised from what came back."""
     out_1, l_1, out_2, l_2 = (a.to(torch.float64) for a in args)
-    if not torch.isfinite(got[row]).all() and max(lse_1, lse_2) > 80:
+    # |lse| > 80: exp overflows float32 (e^88.7) above it; far below 0 both exps underflow to
+    # 0 and log(0) is -inf. A -inf lse (a block whose keys the query cannot see) is not this.
+    far = any(math.isfinite(x) and abs(x) > 80 for x in (lse_1, lse_2))
+    if not torch.isfinite(got[row]).all() and far:
         return ("exp of a log-sum-exp this large overflows (float64 stops at e^709, float32 "
-                "at e^88.7): subtract the larger of lse_1 and lse_2 before exp, or use "
-                "torch.logaddexp, which does")
+                "at e^88.7), and of one this negative underflows to 0, whose log is -inf: "
+                "subtract the larger of lse_1 and lse_2 before exp, or use torch.logaddexp, "
+                "which does")
     if not torch.isfinite(got[row]).all():
         return ("a query that sees no key of a block has lse -inf there: exp(-inf - lse) is "
                 "0, but -inf - (-inf) is NaN; merge with torch.logaddexp and weights "
