@@ -489,6 +489,28 @@ def test_deepseek_v3s_memory_miss_is_the_imbalance():
     assert fits == {1.0: True, 1.2: True, 1.3: False, 1.9: False}
 
 
+def test_deepseek_v3s_mtp_block_adds_to_the_busiest_gpu():
+    """`published_moe`'s docstring: the MTP module's block, left out, is one more MoE layer on
+    the PP rank of the deepest layers; as a 62nd layer (the last stage's second) it lands on
+    DualPipe's rank 0 and p - 1, the busiest already (embedding and head), and adds about
+    3 GB there: the memory miss is not for leaving it out."""
+    from dlcourse.planner.moe_estimate import moe_memory, rank_activations
+    from dlcourse.planner.published_moe import DEEPSEEK_V3_RUN as run
+
+    def per_rank(work):
+        return [moe_cost.rank_state_bytes(work.model, run.layout, r, run.recipe)
+                + rank_activations(work, run.layout, r, run.recipe) for r in range(16)]
+
+    mtp = replace(run.work, model=replace(run.work.model, n_layers=62))
+    assert [len(c) for c in moe_cost.chunk_ranges(mtp.model, run.layout)][-1] == 2
+    before, after = per_rank(run.work), per_rank(mtp)
+    assert before.index(max(before)) == 0 and after.index(max(after)) == 0
+    assert after[1:15] == before[1:15]  # only the ranks holding the last stage change
+    added = moe_memory(mtp, run.layout, run.recipe) - moe_memory(run.work, run.layout,
+                                                                  run.recipe)
+    assert added == pytest.approx(3e9, rel=0.1)
+
+
 def test_the_qwen3_misses_are_the_small_expert_gemms():
     """`published_moe`'s docstring: the two missed rows are the ones whose experts get the
     fewest rows a GEMM (1,024 and 512 against the held rows' 4,096, from the zoo's table: top-8

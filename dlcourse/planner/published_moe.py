@@ -45,7 +45,12 @@ falls, nor the imbalance of DeepSeek-V3's auxiliary-loss-free routing (§2.1.2),
 factor stays as an upper bound, and the layout fits only if a rank's rows are at most about
 1.2 x the mean over what it holds (`test_deepseek_v3s_memory_miss_is_the_imbalance`). The
 EMA kept in CPU memory and the MTP module's embedding and head shared with the main model
-(§3.2.3) are not counted in the first place.
+(§3.2.3) are not counted in the first place. The MTP module's own block (§2.2: one more MoE
+layer) is left out too: it sits on the PP rank of the deepest layers (§3.2.3), with DualPipe
+the rank of stages 0 and 15, already the busiest for holding the embedding and the head;
+counted as a 62nd layer it adds about 3 GB there
+(`test_deepseek_v3s_mtp_block_adds_to_the_busiest_gpu`), the side the miss is on: leaving it
+out does not make the miss.
 What else the planner does not represent:
 - recomputing MLA's up-projections and the SwiGLU output is not timed (about 2% of the
   FLOPs);
