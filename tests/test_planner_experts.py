@@ -81,9 +81,10 @@ COURSE_MOES = [MOE, MoEConfig(vocab_size=50, seq_len=12, hidden=24, n_layers=4, 
                                                ("deepseek-v3", 671e9, 37e9),
                                                ("qwen3-235b-a22b", 235e9, 22e9)])
 def test_the_catalogue_counts_the_published_totals_and_active_parameters(name, total, active):
-    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B),
-    Mixtral 8x22B's announcement ("39B active parameters out of 141B"), the DeepSeek-V3 report's abstract (671B, 37B activated) and Qwen3-235B-A22B's name (235B
-    total, 22B activated), within 1.5%."""
+    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B), Mixtral
+    8x22B's announcement ("39B active parameters out of 141B"), the DeepSeek-V3 report's
+    abstract (671B, 37B activated) and Qwen3-235B-A22B's name (235B total, 22B activated),
+    within 1.5%."""
     spec = model(name)
     split = moe_params(spec)
     assert split["experts"] + split["dense"] == pytest.approx(total, rel=0.015)

@@ -125,45 +125,46 @@ its activation and the dispatchers' unpermute gets none, as at d98e8a6).
   are about 5 s of the planner's 13.6 s and 15.1 s, so even at half the rate they would leave
   the rows 23% and 31% short. Left as misses, with that term named and bounded
   (`test_the_qwen3_misses_are_the_small_expert_gemms`): the rest is not found.
-Mixtral, Megatron-Core's all-to-all dispatcher, bf16, 4,096-token sequences, global batch 256,
-micro-batch 1, dropless with Megatron's auxiliary loss (coefficient 1e-2), no recomputation,
-the distributed optimizer (ZeRO-1 over dp, the experts' over EDP), fp32 gradients
+Megatron-Core's Mixtral runs: its all-to-all dispatcher, bf16, 4,096-token sequences, global
+batch 256, micro-batch 1, dropless with Megatron's auxiliary loss (coefficient 1e-2), no
+recomputation, the distributed optimizer (ZeRO-1 over dp, the experts' over EDP), fp32 gradients
 (`MEGATRON_STATE`); H100s, 8 a node (the README's benchmark: NVLink 4, "InfiniBand 8x400
-Gbit/s"). The time metric is Megatron-LM's logged TFLOP/s a GPU, turned into seconds a step
-with Megatron's own FLOP count of the time (`megatron_flops`):
+Gbit/s"). The time metric is Megatron-LM's logged TFLOP/s a GPU, turned into seconds a step with
+Megatron's own FLOP count of the time (`megatron_flops`):
 - Mixtral 8x22B on 128 H100s (MIXTRAL_ZOO, at 38ce2ed, 2026-03-10; the figures written on
-  2025-12-16, 31942f0 and b09773a, when Megatron-LM's count halved the causal scores): TP 2, EP 8 (inside a node), PP 8, VPP 7, DP 8
-  (runtime_configs/benchmarking/runtime.conf; model_configs/benchmarking/Mixtral-8x22B.yaml;
-  --expert-tensor-parallel-size 1: whole experts; the script's bf16 branch adds
-  --tp-comm-overlap, which the planner does not model: its TP time, 3% of the step, stays
-  exposed). "Dropless training with forced balancing, performance should be around 465
-  TFLOPS for H100" (`MIXTRAL_8X22B_RUN`, each expert its share as for the Qwen3 rows) and
-  "Dropless training, stable performance should be around 445TFLOPS": the pair whose ratio
-  sets Mixtral's imbalance, 1.06 (`pair_imbalance`), against the 1.9 of Qwen3-235B's 128
-  experts. Its Megatron applies the routers' weights inside the experts
-  (`Recipe.probs_in_activation`, as at d98e8a6).
+  2025-12-16, 31942f0 and b09773a, when Megatron-LM's count halved the causal scores): TP 2, EP
+  8 (inside a node), PP 8, VPP 7, DP 8 (runtime_configs/benchmarking/runtime.conf;
+  model_configs/benchmarking/Mixtral-8x22B.yaml; --expert-tensor-parallel-size 1: whole experts;
+  the script's bf16 branch adds --tp-comm-overlap, which the planner does not model: its TP
+  time, 3% of the step, stays exposed). "Dropless training with forced balancing, performance
+  should be around 465 TFLOPS for H100" (`MIXTRAL_8X22B_RUN`, each expert its share as for the
+  Qwen3 rows) and "Dropless training, stable performance should be around 445TFLOPS": the pair
+  whose ratio sets Mixtral's imbalance, 1.06 (`pair_imbalance`), against the 1.9 of Qwen3-235B's
+  128 experts. Its Megatron (ff45bd4255, 2025-12-15, experts.py) applies the routers' weights
+  inside the experts' fused SwiGLU (`Recipe.probs_in_activation`; the workload's mlp "fused").
 - Mixtral 8x7B on 64 H100s (NVIDIA/Megatron-LM c230e0d7c2, 2024-11-21, megatron/core/
-  transformer/moe/README.md): "With MCore v0.9 ... 468 TFLOPS for Mixtral 8X7B bf16
-  training", its "Reference Best Parallel Mapping" table: Mixtral 8x7B (Dropless), vocabulary
-  32K, All-to-All, BF16, 64 GPUs, sequence 4,096, TP 1, EP 8, PP 4, VP 8, micro-batch 1, global
-  batch 256 (the table says "of MCore v0.8"; the same commit set its "Docker Image" to PyTorch
-  24.09 with TransformerEngine v1.11, the v0.9 run's; at 0b981f9c53, 2024-08-02, the v0.8 figure
-  was 438 TFLOPS, which the planner is about 9% under). The README's example script runs Mixtral
+  transformer/moe/README.md): "With MCore v0.9 ... 468 TFLOPS for Mixtral 8X7B bf16 training",
+  its "Reference Best Parallel Mapping" table: Mixtral 8x7B (Dropless), vocabulary 32K,
+  All-to-All, BF16, 64 GPUs, sequence 4,096, TP 1, EP 8, PP 4, VP 8, micro-batch 1, global batch
+  256 (the table says "of MCore v0.8"; the same commit set its "Docker Image" to PyTorch 24.09
+  with TransformerEngine v1.11, the v0.9 run's; at 0b981f9c53, 2024-08-02, the v0.8 figure was
+  438 TFLOPS, which the planner is about 9% under). The README's example script runs Mixtral
   8x7B with --use-distributed-optimizer and no recomputation; its experts.py of that commit
   takes no router weights, so they are applied at the combine and its h-wide output kept
-  (`Recipe()`'s default). Its FLOP count then did not halve the causal scores (`causal=False`).
-  Held out with Mixtral's own imbalance from the 8x22B pair (`MIXTRAL_8X7B_RUN`); at Qwen3's
-  1.9 the planner would be 58% over it.
+  (`Recipe()`'s default); its TEGroupedMLP runs the fused bias_swiglu_impl (mlp "fused"). Its
+  FLOP count then did not halve the causal scores (`causal=False`). Held out with Mixtral's own
+  imbalance from the 8x22B pair (`MIXTRAL_8X7B_RUN`); at Qwen3's 1.9 the planner would be 58%
+  over it.
 Not held: the script's FP8 row (blockwise FP8, forced balance, 560 TFLOPS): the planner takes
 FP8 GEMMs at twice the bf16 rate (`Recipe.fp8`, DeepSeek-V3's "theoretically doubles"), and
 the zoo's 560 against 465 is 1.2x, so the planner would be about 30% under it
 (`test_the_mixtral_fp8_row_is_what_the_fp8_rate_misses`).
-The Qwen3 readme's (ZOO) "Long Context" table (H100, DeepEP, bf16, 32 nodes, TP 4, PP 8, VPP 4, EP 8,
-global batch 256, no all-to-all overlap; its command recomputes the norms and the MoE layers)
-gives each length's TFLOPS a GPU with forced balance and dropless: their ratio is the
-step-time cost of real routing's imbalance. The planner's ratio comes from the busiest
-rank's expert rows only (`moe_cost.routed_rows`), timed with full recomputation (the closest
-it has to recomputing the MoE layers); `implied_imbalance` finds the factor that matches a row.
+The Qwen3 readme's (ZOO) "Long Context" table (H100, DeepEP, bf16, 32 nodes, TP 4, PP 8, VPP 4,
+EP 8, global batch 256, no all-to-all overlap; its command recomputes the norms and the MoE
+layers) gives each length's TFLOPS a GPU with forced balance and dropless: their ratio is the
+step-time cost of real routing's imbalance. The planner's ratio comes from the busiest rank's
+expert rows only (`moe_cost.routed_rows`), timed with full recomputation (the closest it has to
+recomputing the MoE layers); `implied_imbalance` finds the factor that matches a row.
 """
 
 from dataclasses import dataclass, replace
