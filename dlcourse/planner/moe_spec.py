@@ -3,7 +3,7 @@ issue 34): a `ModelSpec` with experts, and its parameters split the way lesson 0
 "experts" (dealt out over ep ranks) and "dense" (everything else, routers and shared experts
 included; `dlcourse.parallel.expert.measure.param_bytes`).
 
-    MoESpec(...)                 # the catalogue's Mixtral 8x7B and DeepSeek-V3 (`catalog.py`)
+    MoESpec(...)                 # the catalogue's Mixtrals, DeepSeek-V3, Qwen3 (`catalog.py`)
     from_config(moe_config)      # the course's MoE GPT (`dlcourse.models.MoEConfig`) as a spec
     moe_params(spec)             # {"experts": ..., "dense": ...} parameters, whole model
     active_params(spec)          # those one token's forward uses: dense + k/E of the experts
