@@ -77,12 +77,14 @@ COURSE_MOES = [MOE, MoEConfig(vocab_size=50, seq_len=12, hidden=24, n_layers=4, 
 
 
 @pytest.mark.parametrize("name,total,active", [("mixtral-8x7b", 46.7e9, 12.9e9),
+                                               ("mixtral-8x22b", 141e9, 39e9),
                                                ("deepseek-v3", 671e9, 37e9),
                                                ("qwen3-235b-a22b", 235e9, 22e9)])
 def test_the_catalogue_counts_the_published_totals_and_active_parameters(name, total, active):
-    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B), the
-    DeepSeek-V3 report's abstract (671B, 37B activated) and Qwen3-235B-A22B's name (235B
-    total, 22B activated), within 1.5%."""
+    """Mixtral paper §2 ("47B" total, "13B active"; Mistral's model card 46.7B / 12.9B), Mixtral
+    8x22B's announcement ("39B active parameters out of 141B"), the DeepSeek-V3 report's
+    abstract (671B, 37B activated) and Qwen3-235B-A22B's name (235B total, 22B activated),
+    within 1.5%."""
     spec = model(name)
     split = moe_params(spec)
     assert split["experts"] + split["dense"] == pytest.approx(total, rel=0.015)
@@ -135,6 +137,10 @@ def test_routed_rows_active_flops_and_imbalance(config):
     else:
         assert rows == config.top_k * tokens * moe_cost.DROPLESS_IMBALANCE
         assert moe_cost.routed_rows(spec, tokens, 1) == config.top_k * tokens  # one rank
+        own = replace(spec, dropless_imbalance=1.25)  # a model's own factor replaces it
+        assert moe_cost.routed_rows(own, tokens, ep) == config.top_k * tokens * 1.25
+        with pytest.raises(ValueError, match="at least the mean"):
+            replace(spec, dropless_imbalance=0.9)
     s = config.seq_len
     assert moe_cost.active_flops_per_token(spec, s) == \
         6 * params_per_token(config)["active"] + 12 * config.n_layers * config.hidden * s
@@ -174,6 +180,8 @@ def test_plan_ranks_mixtral_with_the_ep_asked_for(capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("dp")]
     assert code == 0 and rows and all(" ep8 " in r for r in rows), out
+    from dlcourse.planner.published_moe import RUNS
+    assert f"on {len(RUNS)} published MoE runs the planner's step time was -48% to" in out, out
 
 
 def test_deepseek_v3s_published_layout_is_valid_and_its_speed_bracketed():
@@ -191,12 +199,13 @@ def test_deepseek_v3s_published_layout_is_valid_and_its_speed_bracketed():
 
 def test_the_published_moe_runs_within_25_percent_or_a_documented_miss():
     """Every run of `published_moe.RUNS` is within 25% of its published step time, or says
-    why it misses; at least three (DeepSeek-V3 and two of Megatron-Core's) are within."""
+    why it misses; at least five (DeepSeek-V3, two of Megatron-Core's Qwen3 rows and its two
+    Mixtral runs) are within."""
     from dlcourse.planner.published_moe import RUNS, held_against
     found = [held_against(run) for run in RUNS]
     within = [f for f in found if abs(f["error"]) < 0.25]
     assert all(f["miss"] for f in found if f not in within), found
-    assert not any(f["miss"] for f in within) and len(within) >= 3
+    assert not any(f["miss"] for f in within) and len(within) >= 5
 
 
 def test_node_limited_dispatch_sends_one_copy_a_node():
@@ -442,15 +451,16 @@ def test_qwen3_light_ends_are_megatrons_96_slots():
 
 
 def test_each_published_moe_layout_passes_the_rule_book_and_fits_or_names_its_miss():
-    """Every run's layout passes the rule book; Megatron-Core's four fit in an H100 with the
+    """Every run's layout passes the rule book; Megatron-Core's six fit in an H100 with the
     margin of a run known to have fitted; DeepSeek-V3's is a named memory miss, and the
     report's recipe takes more than a third off what the planner would count plainly."""
     from dlcourse.planner.moe_estimate import moe_memory
-    from dlcourse.planner.published_moe import DEEPSEEK_V3_RUN, QWEN3_RUNS, RUNS, held_against
+    from dlcourse.planner.published_moe import (DEEPSEEK_V3_RUN, MIXTRAL_RUNS, QWEN3_RUNS, RUNS,
+                                                held_against)
     found = [held_against(run) for run in RUNS]
     assert all(f["problems"] == [] for f in found), found
     assert all(f["fits"] or f["memory_miss"] for f in found)
-    assert all(held_against(run)["fits"] for run in QWEN3_RUNS)
+    assert all(held_against(run)["fits"] for run in QWEN3_RUNS + MIXTRAL_RUNS)
     run = DEEPSEEK_V3_RUN
     plain = moe_memory(run.work, run.layout)
     assert found[0]["estimate"].memory < plain / 1.5
@@ -480,6 +490,28 @@ def test_deepseek_v3s_memory_miss_is_the_imbalance():
     fits = {c: margin.fits(run.cluster.gpu, run.layout, memory(c), allocator=0)
             for c in (1.0, 1.2, 1.3, 1.9)}
     assert fits == {1.0: True, 1.2: True, 1.3: False, 1.9: False}
+
+
+def test_deepseek_v3s_mtp_block_adds_to_the_busiest_gpu():
+    """`published_moe`'s docstring: the MTP module's block, left out, is one more MoE layer on
+    the PP rank of the deepest layers; as a 62nd layer (the last stage's second) it lands on
+    DualPipe's rank 0 and p - 1, the busiest already (embedding and head), and adds about
+    3 GB there: the memory miss is not for leaving it out."""
+    from dlcourse.planner.moe_estimate import moe_memory, rank_activations
+    from dlcourse.planner.published_moe import DEEPSEEK_V3_RUN as run
+
+    def per_rank(work):
+        return [moe_cost.rank_state_bytes(work.model, run.layout, r, run.recipe)
+                + rank_activations(work, run.layout, r, run.recipe) for r in range(16)]
+
+    mtp = replace(run.work, model=replace(run.work.model, n_layers=62))
+    assert [len(c) for c in moe_cost.chunk_ranges(mtp.model, run.layout)][-1] == 2
+    before, after = per_rank(run.work), per_rank(mtp)
+    assert before.index(max(before)) == 0 and after.index(max(after)) == 0
+    assert after[1:15] == before[1:15]  # only the ranks holding the last stage change
+    added = moe_memory(mtp, run.layout, run.recipe) - moe_memory(run.work, run.layout,
+                                                                  run.recipe)
+    assert added == pytest.approx(3e9, rel=0.1)
 
 
 def test_the_qwen3_misses_are_the_small_expert_gemms():

@@ -1,6 +1,6 @@
 """The models the planner knows by name (lesson 07): lesson 01's GPT-2 and Llama 2 shapes, the
-published models it is checked against (`published_runs.py`), and three mixtures of experts
-(lesson 09, `moe_spec.MoESpec`): Mixtral 8x7B, DeepSeek-V3 and Qwen3-235B-A22B.
+published models it is checked against (`published_runs.py`), and four mixtures of experts
+(lesson 09, `moe_spec.MoESpec`): Mixtral 8x7B and 8x22B, DeepSeek-V3 and Qwen3-235B-A22B.
 
     model("llama-2-7b")    # case, spaces and underscores ignored
 """
@@ -36,9 +36,27 @@ LLAMA31_8B = ModelSpec("Llama-3.1 8B", 32, 4096, 32, vocab_size=128256, seq_len=
 # layer's MLP is an MoE of SwiGLU experts; untied head, rotary positions, RMSNorm. §2: 47B
 # parameters, 13B active a token (`moe_spec` counts 46.70B and 12.88B). Trained length not
 # published: the 4,096 of Mistral 7B is taken as the planner's default sequence.
+# Dropless, the busiest of its 8 experts gets MIXTRAL_IMBALANCE x the mean rows: calibrated on
+# Megatron-Core's Mixtral 8x22B pair, dropless against forced balance (`published_moe.
+# MIXTRAL_PAIR`, `pair_imbalance` finds 1.06), held out on its Mixtral 8x7B run.
+MIXTRAL_IMBALANCE = 1.06
 MIXTRAL_8X7B = MoESpec("Mixtral 8x7B", 32, 4096, 32, vocab_size=32000, seq_len=4096,
                        ffn=14336, kv_heads=8, gated_mlp=True, bias=False, tied=False,
-                       learned_positions=False, n_experts=8, top_k=2, moe_ffn=14336)
+                       learned_positions=False, n_experts=8, top_k=2, moe_ffn=14336,
+                       dropless_imbalance=MIXTRAL_IMBALANCE)
+
+# Mixtral 8x22B: mistral-community/Mixtral-8x22B-v0.1 config.json (42a1ba7, the base model's)
+# and Megatron-Core's MoE model zoo (yanring/Megatron-MoE-ModelZoo 38ce2ed, 2026-03-10,
+# model_configs/benchmarking/Mixtral-8x22B.yaml) agree: 56 layers, hidden 6,144, 48 heads of
+# 128 with 8 key/value groups, 8 SwiGLU experts of width 16,384 in every layer, top-2, RMSNorm,
+# rotary positions, untied head, vocabulary 32,000 (the zoo's Llama 2 tokenizer, already a
+# multiple of its 128 x tp padding). `moe_spec` counts 140.6B total, 39.2B active (Mistral
+# AI's announcement, as the NeMo Framework user guide's Mixtral page quotes it: "39B active
+# parameters out of 141B"). Sequence: 4,096, the zoo's.
+MIXTRAL_8X22B = MoESpec("Mixtral 8x22B", 56, 6144, 48, vocab_size=32000, seq_len=4096,
+                        ffn=16384, kv_heads=8, gated_mlp=True, bias=False, tied=False,
+                        learned_positions=False, n_experts=8, top_k=2, moe_ffn=16384,
+                        dropless_imbalance=MIXTRAL_IMBALANCE)
 
 
 def mla_params(dim, n_heads, q_rank, kv_rank, nope, rope, v_dim):
@@ -79,7 +97,8 @@ QWEN3_235B = MoESpec("Qwen3-235B-A22B", 94, 4096, 64, vocab_size=151936, seq_len
                      head_dims=(128, 128))
 
 MODELS = {**REAL_MODELS, LLAMA3_405B.name: LLAMA3_405B, LLAMA31_8B.name: LLAMA31_8B,
-          MIXTRAL_8X7B.name: MIXTRAL_8X7B, DEEPSEEK_V3.name: DEEPSEEK_V3,
+          MIXTRAL_8X7B.name: MIXTRAL_8X7B, MIXTRAL_8X22B.name: MIXTRAL_8X22B,
+          DEEPSEEK_V3.name: DEEPSEEK_V3,
           QWEN3_235B.name: QWEN3_235B}
 
 

@@ -22,7 +22,8 @@ Tokens a rank routes: each of its b x s / cp tokens is cut over the tp ranks bef
 dispatch (torchtitan's TP + EP, Megatron-LM's sequence parallel with experts), so a rank sends
 k x b x s / (cp tp) rows. Load imbalance (`routed_rows`): the busiest rank's experts receive
 at most the capacity when a capacity factor c caps them (ceil(c k N / E) each, lesson 09's
-`capacity`), else DROPLESS_IMBALANCE times the mean, calibrated on a published pair (below).
+`capacity`), else the model's dropless imbalance times the mean (`imbalance`: the spec's own,
+or DROPLESS_IMBALANCE), each calibrated on a published pair (below, `published_moe.py`).
 """
 
 import math
@@ -41,7 +42,9 @@ BYTES = 2  # bf16 parameters, gradients and activations (the planner's `timing.B
 # ratio for Qwen3-235B at 16K tokens on 256 H100s, 295 / 237 TFLOPS (`published_moe`:
 # `implied_imbalance` finds 1.93; the 32K to 128K rows held out). Switch Transformer (Fedus
 # et al. 2022, §2.2) budgeted 1.25 (capacity factor 1.25), which real routing exceeds.
-# DeepSeek-V3's auxiliary-loss-free balancing (report §2.1.2) publishes no figure.
+# DeepSeek-V3's auxiliary-loss-free balancing (report §2.1.2) publishes no figure. A model
+# whose own published pair measures its routing keeps its own factor (`MoESpec.dropless_imbalance`:
+# Mixtral's 8 experts, top-2, are far closer to balanced, `published_moe.MIXTRAL_PAIR`).
 DROPLESS_IMBALANCE = 1.9
 
 
@@ -108,8 +111,9 @@ def rank_state_bytes(spec, L, rank, recipe=None):
 
 
 def imbalance(spec):
-    """The busiest expert's rows against the mean: the capacity factor, or DROPLESS_IMBALANCE."""
-    return spec.capacity_factor or DROPLESS_IMBALANCE
+    """The busiest expert's rows against the mean: the capacity factor, or dropless the
+    model's own `dropless_imbalance` where the catalogue gives one, else DROPLESS_IMBALANCE."""
+    return spec.capacity_factor or spec.dropless_imbalance or DROPLESS_IMBALANCE
 
 
 def routed_rows(spec, tokens, ep=1):
@@ -117,13 +121,13 @@ def routed_rows(spec, tokens, ep=1):
     tokens (k copies of each): with a capacity factor, each expert at most lesson 09's
     `capacity` of the group's ep x tokens, and all of them no more than the group's k x ep x
     tokens (at ep 1 the k x tokens it routes: the course's layer drops over the capacity but
-    does not pad an expert up to it); dropless, the mean k x tokens times DROPLESS_IMBALANCE
+    does not pad an expert up to it); dropless, the mean k x tokens times `imbalance(spec)`
     once the experts are spread (at ep 1 the one rank computes exactly the k x tokens rows,
     however they fall among its experts)."""
     if spec.capacity_factor:  # never more than the group's k x ep x tokens assignments
         cap = capacity(spec.capacity_factor, ep * tokens, spec.top_k, spec.n_experts)
         return min(spec.n_experts // ep * cap, spec.top_k * ep * tokens)
-    return spec.top_k * tokens * (DROPLESS_IMBALANCE if ep > 1 else 1)
+    return spec.top_k * tokens * (imbalance(spec) if ep > 1 else 1)
 
 
 def score_flops_per_token(spec, seq_len):

@@ -3,7 +3,7 @@ issue 34): a `ModelSpec` with experts, and its parameters split the way lesson 0
 "experts" (dealt out over ep ranks) and "dense" (everything else, routers and shared experts
 included; `dlcourse.parallel.expert.measure.param_bytes`).
 
-    MoESpec(...)                 # the catalogue's Mixtral 8x7B and DeepSeek-V3 (`catalog.py`)
+    MoESpec(...)                 # the catalogue's Mixtrals, DeepSeek-V3, Qwen3 (`catalog.py`)
     from_config(moe_config)      # the course's MoE GPT (`dlcourse.models.MoEConfig`) as a spec
     moe_params(spec)             # {"experts": ..., "dense": ...} parameters, whole model
     active_params(spec)          # those one token's forward uses: dense + k/E of the experts
@@ -19,6 +19,11 @@ the counts here use it. The score FLOPs (`moe_cost.score_flops_per_token`) and a
 saved Q, K, V and attention output (`moe_activations.py`) use `head_dims` when a spec gives
 them: for DeepSeek-V3 MLA's 128 heads of 192-wide queries and keys and 128-wide values, not
 7168 / 128 = 56; the dense planner's other terms (the transients) still see h / n_heads.
+
+`dropless_imbalance` is the load imbalance the planner gives a dropless run of this model
+(`moe_cost.imbalance`): how unevenly a trained router spreads its tokens is the model's, not
+the planner's, and the catalogue gives it where a published pair of runs measures it
+(`published_moe.py`: Mixtral's); other models get `moe_cost.DROPLESS_IMBALANCE`.
 
 `route_nodes` is DeepSeek-V3's node-limited routing (report §2.1.2: each token to experts on
 at most M = 4 nodes; config_671B.json's n_limited_groups): the network carries one copy of a
@@ -42,6 +47,8 @@ class MoESpec(ModelSpec):
     attention_params: int = None  # one layer's attention weights, when not q/k/v/o (MLA)
     head_dims: tuple = None  # (query/key, value) width of a head, when not h / n_heads
     route_nodes: int = None  # node-limited routing: each token to at most this many nodes
+    dropless_imbalance: float = None  # dropless, the busiest expert's rows against the mean
+    #   where a published pair of this model's runs gives it; None: moe_cost.DROPLESS_IMBALANCE
 
     def __post_init__(self):
         for name in ("n_experts", "top_k", "moe_ffn"):
@@ -50,6 +57,9 @@ class MoESpec(ModelSpec):
                 raise ValueError(f"MoESpec.{name} must be a whole number >= 1, got {value!r}")
         if self.top_k > self.n_experts:
             raise ValueError(f"MoESpec: top_k {self.top_k} > n_experts {self.n_experts}")
+        if self.dropless_imbalance is not None and self.dropless_imbalance < 1:
+            raise ValueError(f"MoESpec.dropless_imbalance {self.dropless_imbalance} < 1: the "
+                             f"busiest expert gets at least the mean")
 
     @property
     def moe_blocks(self):

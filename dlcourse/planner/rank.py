@@ -172,7 +172,20 @@ def format_plan(p, top=8, out=None):
                       f"Recommended: {r.layout.describe()}, ${r.dollars_per_m_tokens:.3f} per "
                       f"million tokens (${low:.3f} to ${high:.3f}: the planner's error on "
                       f"{len(RUNS)} published runs), {r.mfu:.0%} MFU",
-                      *why(p), f"({PRICE_CAVEAT})"])
+                      *moe_band_line(p.work), *why(p), f"({PRICE_CAVEAT})"])
+
+
+def moe_band_line(work):
+    """For a mixture of experts, the planner's step-time errors on the published MoE runs
+    (`published_moe.RUNS`, lesson 09), which the band of the dense runs does not include."""
+    if not hasattr(work.model, "n_experts"):
+        return []
+    from dlcourse.planner.published_moe import RUNS as MOE_RUNS, held_against  # its estimates
+    errors = [held_against(run)["error"] for run in MOE_RUNS]
+    misses = sum(bool(run.miss) for run in MOE_RUNS)
+    return [f"  that band is the dense runs'; on {len(MOE_RUNS)} published MoE runs the "
+            f"planner's step time was {min(errors):+.0%} to {max(errors):+.0%} off theirs, "
+            f"{misses} of them named misses (planner/published_moe.py)"]
 
 
 def memory_line(e, gpu):
