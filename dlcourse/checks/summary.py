@@ -9,7 +9,9 @@ message. The last cell of each exercise notebook calls
 which runs each grader cell of the released `exercises/00_launch.ipynb` (its code and points,
 read with the grading engine's `grader_cells`) against the functions defined in this kernel,
 and prints one table: exercise, points, and the first line of each failure. Nothing stops at a
-failure, and the grader cells themselves stay as they are for `dlcourse grade`.
+failure, and the grader cells themselves stay as they are for `dlcourse grade`. A grader whose
+cell has already passed with the same functions is not run again (`core.cases.reuse_passes`):
+after Run All the table costs nothing, and a function defined again is checked afresh.
 """
 
 import contextlib
@@ -17,6 +19,7 @@ import io
 import json
 from pathlib import Path
 
+from dlcourse.checks.core.cases import reuse_passes
 from dlcourse.grading.text import trim
 from dlcourse.grading.notebooks import grader_cells
 
@@ -40,9 +43,11 @@ def check_all(namespace, notebook, out=print):
 
 
 def _run(grader, source, namespace):
-    """One grader cell's code, in a copy of the student's globals, its printing kept quiet."""
+    """One grader cell's code, in a copy of the student's globals, its printing kept quiet. A
+    check that already passed in this kernel with the very functions named here is not run
+    again (`reuse_passes`): its row says it passed in its cell."""
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), reuse_passes() as calls:
             exec(compile(source, f"<grader {grader.exercise}>", "exec"), dict(namespace))
     except NameError as error:
         return (grader.exercise, 0, grader.points,
@@ -50,7 +55,12 @@ def _run(grader, source, namespace):
     except Exception as error:  # a CheckFailed, or the student's own error
         first = (str(error).splitlines() or [type(error).__name__])[0]
         return grader.exercise, 0, grader.points, first
+    if calls["reused"] and not calls["run"]:
+        return grader.exercise, grader.points, grader.points, PASSED_IN_ITS_CELL
     return grader.exercise, grader.points, grader.points, "passed"
+
+
+PASSED_IN_ITS_CELL = "passed in its cell above (same function: not run again)"
 
 
 def format_rows(rows, width=100):
