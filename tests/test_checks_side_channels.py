@@ -6,8 +6,10 @@ and receives its tensor through send/recv, the vocabulary-parallel loss all-redu
 two numbers a token. Issue 36: under `dlcourse grade` a file is no channel at all, each rank
 having a /tmp and /dev/shm of its own (`dlcourse/grading/rank_sandbox.py`)."""
 
+import itertools
 import os
 import pickle
+import random
 import shutil
 import tempfile
 import time
@@ -20,6 +22,9 @@ from checking import first_line_and_hint
 from dlcourse import pickling
 from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import Submitted, run_on_ranks
+from dlcourse.checks.core.ranks import WIRE_FLOOR
+from dlcourse.checks.expert import dispatch
+from dlcourse.checks.expert import check_dispatch_to_experts
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor import check_vocab_parallel_cross_entropy
 from dlcourse.grading import rank_sandbox
@@ -255,3 +260,57 @@ def test_a_token_message_with_a_faked_counter_fails_on_the_bytes_counted_outside
         assert counted == 2 * 4096  # sent and received
     first, _ = first_line_and_hint(_run_pass_on, pass_on_by_file_and_a_token)
     assert first.startswith("pass_on: rank 0 received ") and "at least 4096" in first, first
+
+
+# Issue 36: a floor that holds for small messages. The kernel counts gloo's headers as well,
+# ~140 B a peer, so where a case's rank must receive a few bytes a token message meets its floor;
+# each check has a case of 1 KiB or more from each rank to each other (`core.ranks.WIRE_FLOOR`).
+# Below, the data comes by file (the self-check's one /tmp) and only a token, or the counts, by
+# all-to-all: a small case may pass (its rows, or its tokens, weigh less than the headers), the
+# wide one fails on what its ranks received, whatever the draw.
+
+def seq_to_heads_by_file_and_a_token(x, group):
+    cp = dist.get_world_size(group)
+    token = [torch.zeros(1, dtype=x.dtype) for _ in range(cp)]  # one value a peer
+    dist.all_to_all([torch.empty_like(t) for t in token], token, group=group)
+    return _from_files(x, group)
+
+
+def dispatch_by_file_and_the_counts(x, experts, n_experts, group):
+    ep, me = dist.get_world_size(group), dist.get_rank(group)
+    n_local = n_experts // ep
+    counts = torch.bincount(experts, minlength=n_experts)  # (E,) this rank's rows per expert
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts, group=group)  # rank s's counts of my experts, honestly
+    name = f"dlcourse-dispatch-{os.environ['MASTER_PORT']}-{{}}.pt"
+    torch.save((x, experts), f"/tmp/{name.format(me)}")
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end and not all(os.path.exists(f"/tmp/{name.format(s)}")
+                                             for s in range(ep)):
+        time.sleep(0.01)
+    time.sleep(0.05)  # written whole by then
+    rows = []
+    for s in range(ep):  # by source rank, then local expert, then order on the source
+        xs, es = torch.load(f"/tmp/{name.format(s)}")
+        rows += [xs[es == me * n_local + j] for j in range(n_local)]
+    return torch.cat(rows), got.view(ep, n_local)
+
+
+@pytest.mark.parametrize("check, cheat", [
+    (check_seq_to_heads, seq_to_heads_by_file_and_a_token),
+    (check_dispatch_to_experts, dispatch_by_file_and_the_counts)], ids=["ulysses", "dispatch"])
+def test_data_by_file_and_a_token_message_fails_on_the_case_of_1_kib_a_peer(check, cheat):
+    first, _ = first_line_and_hint(check, cheat)
+    assert " received " in first and "(counted on its connections, outside its process)" \
+        in first, first
+
+
+def test_dispatch_s_wide_case_sends_1_kib_or_more_from_each_rank_to_each_other():
+    for seed in range(20):
+        rng = random.Random(seed)
+        ep = rng.choice([2, 3, 4])
+        xs, experts, n_experts = dispatch._draw_case(ep, rng, idle_rank=False, wide=True)
+        n_local = n_experts // ep
+        for s, r in itertools.permutations(range(ep), 2):  # rank s's rows to rank r's experts
+            rows = int((experts[s] // n_local == r).sum())
+            assert rows * xs[s].size(1) * xs[s].element_size() >= WIRE_FLOOR, (seed, s, r)

@@ -41,7 +41,8 @@ The API:
   process is left behind (`dlcourse.launch` stops every rank).
 - `receives=[bytes per rank]`: the fewest bytes each rank must receive from the others,
   counted by the kernel on the ranks' connections from outside them (`grading/wire.py`): data
-  moved by a file, or a token message with a faked counter, fails.
+  moved by a file, or a token message with a faked counter, fails. gloo's headers count too
+  (~140 B a peer): give one case `WIRE_FLOOR` (1 KiB) or more from each rank to each other.
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it

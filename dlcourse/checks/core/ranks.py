@@ -23,6 +23,12 @@ from dlcourse.launcher import PerRank, launch_as_data, launch_watched
 # torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
 CHECK_TIMEOUT_S = 10.0
 
+# What a rank must receive from each other rank, in at least one case of a check that bounds
+# received bytes from below (`receives=`), for the bound to tell data from headers: the kernel
+# counts gloo's headers too, ~140 B per peer for an all-to-all of nothing (measured on torch
+# 2.13's gloo: 136 to 148 B on 2 and 4 ranks), so a floor of a few bytes is met by a token message.
+WIRE_FLOOR = 1024
+
 # The collectives of torch.distributed; `forbid=COLLECTIVES` leaves send/recv (and barrier).
 COLLECTIVES = (
     "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_into_tensor", "gather",

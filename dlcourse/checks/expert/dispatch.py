@@ -9,7 +9,9 @@ all. While the student's code runs the lesson's answers are refused (`answers.py
 the collectives that are not an all-to-all; `CommCounter` counts the bytes each rank sends, which
 must be its own rows once and its counts, no more; and each rank must receive the other ranks'
 rows routed to its experts, counted by the kernel on its connections (`run_on_ranks(receives=)`).
-The reference (`reference.dispatched`) is
+In one case every rank sends every other rank a row or more of `WIRE_FLOOR` (1 KiB) bytes or
+more, so that this count stands clear of gloo's headers (~140 B a peer: counts alone, or a
+token, exceed what a small case's rows weigh). The reference (`reference.dispatched`) is
 computed here from every rank's inputs after the ranks have finished.
 """
 
@@ -17,6 +19,7 @@ import torch
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, expect_callable, fail,
                                   fresh_cases, kind, run_on_ranks)
+from dlcourse.checks.core.ranks import WIRE_FLOOR
 from dlcourse.checks.expert.answers import ANSWERS
 from dlcourse.checks.expert.in_rank import dispatch_in_rank
 from dlcourse.checks.expert.reference import dispatched
@@ -41,17 +44,20 @@ def check_dispatch_to_experts(dispatch_to_experts, timeout=CHECK_TIMEOUT_S, *, r
     eps = [2, 3, 4]
     rng.shuffle(eps)
     for i, ep in enumerate(eps):
-        _check_case(dispatch_to_experts, ep, rng, idle_rank=i == 0, timeout=timeout)
+        _check_case(dispatch_to_experts, ep, rng, idle_rank=i == 0, wide=i == 1,
+                    timeout=timeout)
     ranks = ", ".join(map(str, eps))
     print(f"dispatch_to_experts: passed on {len(eps)} cases drawn at random ({ranks} ranks;"
-          " uneven splits, an idle expert in each, a rank with no rows in one): every "
-          "rank got its rows in order and sent its own rows once and its counts, no more")
+          " uneven splits, an idle expert in each, a rank with no rows in one, rows of "
+          f"{WIRE_FLOOR} bytes or more to every rank in one): every rank got its rows in order, "
+          "sent its own rows once and its counts, no more, and received its rows' bytes")
 
 
-def _draw_case(ep, rng, idle_rank):
+def _draw_case(ep, rng, idle_rank, wide=False):
     """Every rank's rows and experts: uneven, one expert never chosen, with idle_rank every
     expert of one rank never chosen; otherwise drawn again until the case tells the orders apart
-    (a rank sends two rows to one expert; a rank receives from two sources for two experts)."""
+    (a rank sends two rows to one expert; a rank receives from two sources for two experts).
+    With `wide`, rows of WIRE_FLOOR bytes or more, and every rank sends each other rank one."""
     n_experts = ep * rng.randint(2, 3)
     n_local = n_experts // ep
     idle = set()
@@ -61,14 +67,29 @@ def _draw_case(ep, rng, idle_rank):
     idle.add(rng.choice([e for e in range(n_experts) if e not in idle]))
     used = [e for e in range(n_experts) if e not in idle]
     width, dtype = rng.randint(16, 24), rng.choice([torch.float32, torch.float64])
+    if wide:
+        width = max(width, -(-WIRE_FLOOR // dtype.itemsize))
     gen = torch.Generator().manual_seed(rng.randrange(2**62))
     for _ in range(100):  # most draws tell the orders apart at once
         sizes = [rng.randint(4, 9) for _ in range(ep)]
-        experts = [torch.tensor([rng.choice(used) for _ in range(n)]) for n in sizes]
+        chosen = [[rng.choice(used) for _ in range(n)] for n in sizes]
+        if wide:
+            chosen = [_to_every_other_rank(c, s, used, n_local, ep, rng)
+                      for s, c in enumerate(chosen)]
+        experts = [torch.tensor(c) for c in chosen]
         if idle_rank or _tells_orders_apart(experts, n_experts, ep):
             break
     xs = [torch.randn(n, width, generator=gen, dtype=dtype) for n in sizes]
     return xs, experts, n_experts
+
+
+def _to_every_other_rank(chosen, source, used, n_local, ep, rng):
+    """`chosen` (source's experts, ep - 1 or more) with its first ep - 1 replaced by one used
+    expert of each other rank, then shuffled. Each rank holds a used expert: one is idle."""
+    others = [rng.choice([e for e in used if e // n_local == d]) for d in range(ep) if d != source]
+    chosen = others + chosen[len(others):]
+    rng.shuffle(chosen)
+    return chosen
 
 
 def _tells_orders_apart(experts, n_experts, ep):
@@ -82,9 +103,9 @@ def _tells_orders_apart(experts, n_experts, ep):
     return False
 
 
-def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout):
+def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout, wide=False):
     __tracebackhide__ = True
-    xs, experts, n_experts = _draw_case(ep, rng, idle_rank)
+    xs, experts, n_experts = _draw_case(ep, rng, idle_rank, wide)
     where = (f"dispatch_to_experts on {ep} ranks, E={n_experts}, x: "
              f"{str(xs[0].dtype).removeprefix('torch.')} rows of {xs[0].size(1)}")
     outcomes = run_on_ranks(dispatch_to_experts, [(x, e, n_experts) for x, e in zip(xs, experts)],
