@@ -1,9 +1,10 @@
 """Issue 36: under `dlcourse grade` the answers are absent from a graded rank, not refused there.
 
-A set that declares its rank-side code (`Answers(rank_side=...)`: every set, 01 to 11) has none of its answer modules in a graded rank (`dlcourse/grading/absent.py`): not in
-`sys.modules`, not in `gc`, not importable (with the finder taken off `sys.meta_path` an import
-statement is refused by an audit hook, and `importlib` finds no file to load or is refused its
-`open`), and a copy of their text exec'd is refused by fingerprint. Each way a student's
+A set that declares its rank-side code (`Answers(rank_side=...)`: every set, 01 to 11, each of
+its exercises) has none of its answer modules in a graded rank (`dlcourse/grading/absent.py`):
+not in `sys.modules`, not in `gc`, not importable (with the finder taken off `sys.meta_path`
+an import statement is refused by an audit hook, and `importlib` finds no file to load or is
+refused its `open`), and a copy of their text exec'd is refused by fingerprint. Each way a student's
 function looks for the library's answer below finds nothing and fails; the solutions pass
 graded. The notebook's self-check still refuses in-process (the checks' own tests)."""
 
