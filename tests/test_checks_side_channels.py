@@ -305,12 +305,65 @@ def test_data_by_file_and_a_token_message_fails_on_the_case_of_1_kib_a_peer(chec
         in first, first
 
 
-def test_dispatch_s_wide_case_sends_1_kib_or_more_from_each_rank_to_each_other():
+def test_dispatch_s_wide_case_sends_1_kib_or_more_from_each_rank_to_each():
     for seed in range(20):
         rng = random.Random(seed)
         ep = rng.choice([2, 3, 4])
         xs, experts, n_experts = dispatch._draw_case(ep, rng, idle_rank=False, wide=True)
         n_local = n_experts // ep
-        for s, r in itertools.permutations(range(ep), 2):  # rank s's rows to rank r's experts
-            rows = int((experts[s] // n_local == r).sum())
+        for s, r in itertools.product(range(ep), repeat=2):  # rank s's rows to rank r's experts
+            rows = int((experts[s] // n_local == r).sum())  # its own too: see the next test
             assert rows * xs[s].size(1) * xs[s].element_size() >= WIRE_FLOOR, (seed, s, r)
+
+
+# Issue 36: efficiency faked. Every rank sends its whole input to every rank (an all-gather where
+# an all-to-all belongs), keeps its part, and clears the check's CommCounter records, so the
+# bytes it says it sent are none. The kernel's count of what each rank received, the same in the
+# self-check and graded, is above the exercise's data and a few headers in the wide case
+# (`run_on_ranks(receives_at_most=)`).
+
+def _clear_the_counters():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    for mode in _get_current_dispatch_mode_stack():
+        getattr(mode, "records", []).clear()
+
+
+def seq_to_heads_all_gathered(x, group):
+    cp, me = dist.get_world_size(group), dist.get_rank(group)
+    whole = [torch.empty_like(x) for _ in range(cp)]
+    dist.all_to_all(whole, [x.contiguous()] * cp, group=group)  # every rank's whole x
+    _clear_the_counters()
+    return torch.cat(whole, dim=2).chunk(cp, dim=1)[me].contiguous()
+
+
+def _to_every_rank(t, group):
+    """Every rank's t, concatenated in rank order (sent to every rank whole)."""
+    ep = dist.get_world_size(group)
+    n = torch.tensor([len(t)] * ep)
+    theirs = torch.empty_like(n)
+    dist.all_to_all_single(theirs, n, group=group)
+    out = t.new_empty((int(theirs.sum()), *t.shape[1:]))
+    dist.all_to_all_single(out, t.repeat(ep, *[1] * (t.dim() - 1)), theirs.tolist(),
+                           [len(t)] * ep, group=group)
+    return list(out.split(theirs.tolist()))
+
+
+def dispatch_to_every_rank(x, experts, n_experts, group):
+    ep, me = dist.get_world_size(group), dist.get_rank(group)
+    n_local = n_experts // ep
+    xs, es = _to_every_rank(x, group), _to_every_rank(experts, group)
+    _clear_the_counters()
+    rows = [xs[s][es[s] == me * n_local + j] for s in range(ep) for j in range(n_local)]
+    counts = [[int((es[s] == me * n_local + j).sum()) for j in range(n_local)]
+              for s in range(ep)]
+    return torch.cat(rows), torch.tensor(counts)
+
+
+@pytest.mark.parametrize("check, cheat, name", [
+    (check_seq_to_heads, seq_to_heads_all_gathered, "seq_to_heads"),
+    (check_dispatch_to_experts, dispatch_to_every_rank, "dispatch_to_experts")],
+    ids=["ulysses", "dispatch"])
+def test_an_all_gather_with_its_records_cleared_fails_on_the_bytes_received(check, cheat, name):
+    for fn in (cheat, Submitted(name, pickling.dumps(cheat))):  # self-check, then graded
+        first, _ = first_line_and_hint(check, fn)
+        assert " received " in first and "at most" in first, first

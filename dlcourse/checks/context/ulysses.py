@@ -9,9 +9,11 @@ run, never 4 alone; heads a multiple of cp), each rank sent only its own tokens;
 equal the slice of the whole tensor, put together here. Only all-to-all and send/recv are
 allowed, and a rank may send no more than an all-to-all does, (cp - 1)/cp of its x: an
 all-gather built from send/recv fails on its bytes; nor receive less, counted by the kernel on
-its connections (`run_on_ranks(receives=)`): data moved another way fails. One case moves
-`WIRE_FLOOR` (1 KiB) or more from each rank to each other, so that this count stands clear of
-gloo's headers (a token message's ~140 B a peer exceed a small case's few bytes). A misplaced
+its connections (`run_on_ranks(receives=)`): data moved another way fails; nor more than that
+and a few messages' headers (`expect_received_at_most`): every rank's whole x sent to each,
+with a counter faked to say otherwise, fails. One case moves `WIRE_FLOOR` (1 KiB) or more from each
+rank to each other, so that these counts stand clear of gloo's headers (a token message's
+~144 B a peer exceed a small case's few bytes). A misplaced
 value is named by where it came from (head and position in the whole tensor).
 """
 
@@ -21,7 +23,7 @@ from dlcourse.checks.context.reference import normal, world_sizes
 from dlcourse.checks.context.answers import ANSWERS
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, describe, expect_callable, fail,
                                   fresh_cases, run_on_ranks)
-from dlcourse.checks.core.ranks import WIRE_FLOOR
+from dlcourse.checks.core.ranks import HEADER_ROOM, WIRE_FLOOR, expect_received_at_most
 from dlcourse.checks.context.in_rank import seq_to_heads_in_rank
 
 ALLOWED = ("all_to_all", "all_to_all_single")
@@ -64,11 +66,13 @@ def _check_case(seq_to_heads, rng, cp, h, n, timeout, wide=False):
     where = (f"seq_to_heads on {cp} ranks, {a} heads, {n * cp} tokens, x: "
              f"{describe(shards[0])}")
     must = (cp - 1) * shards[0].numel() * shards[0].element_size() // cp  # others' tokens
+    received = {}  # {rank: bytes}, counted by the kernel
     outcomes = run_on_ranks(seq_to_heads, [(x,) for x in shards], exercise="seq_to_heads",
                             where=where, hint=ULYSSES_HINT,
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
                             why_forbidden=WHY_ALL_TO_ALL, harness=seq_to_heads_in_rank,
-                            guard=ANSWERS.in_rank, timeout=timeout, receives=[must] * cp)
+                            guard=ANSWERS.in_rank, timeout=timeout, receives=[must] * cp,
+                            received=received)
     for r, ((got, leaving), after) in enumerate(outcomes):
         if not torch.equal(after[0], shards[r]):
             fail(where, r, "changed x in place: the caller's tensor must keep its values",
@@ -80,6 +84,8 @@ def _check_case(seq_to_heads, rng, cp, h, n, timeout, wide=False):
             fail(where, r, f"sent {leaving} bytes to other ranks, where one all-to-all sends "
                            f"(cp - 1)/cp of x: {allowed} bytes",
                  "send each rank only the heads it will hold, not the whole x")
+    expect_received_at_most(received, [must + HEADER_ROOM * (cp - 1)] * cp, where,
+                            "send each rank only the heads it will hold, not the whole x")
 
 
 def _expect_heads(got, expected, whole, r, h, where):

@@ -8,9 +8,11 @@ routing with an idle expert in every case and, in one case, a rank whose experts
 all. While the student's code runs the lesson's answers are refused (`answers.py`), and so are
 the collectives that are not an all-to-all; `CommCounter` counts the bytes each rank sends, which
 must be its own rows once and its counts, no more; and each rank must receive the other ranks'
-rows routed to its experts, counted by the kernel on its connections (`run_on_ranks(receives=)`).
-In one case every rank sends every other rank a row or more of `WIRE_FLOOR` (1 KiB) bytes or
-more, so that this count stands clear of gloo's headers (~140 B a peer: counts alone, or a
+rows routed to its experts, counted by the kernel on its connections (`run_on_ranks(receives=)`),
+and no more than those, its counts and a few messages' headers (`expect_received_at_most`):
+every row sent to every rank, with a counter faked to say otherwise, fails. In one case every
+rank routes a row to every rank, itself included, each row `WIRE_FLOOR` (1 KiB) bytes or more,
+so that these counts stand clear of gloo's headers (~144 B a message a peer: counts alone, or a
 token, exceed what a small case's rows weigh). The reference (`reference.dispatched`) is
 computed here from every rank's inputs after the ranks have finished.
 """
@@ -19,7 +21,7 @@ import torch
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, expect_callable, fail,
                                   fresh_cases, kind, run_on_ranks)
-from dlcourse.checks.core.ranks import WIRE_FLOOR
+from dlcourse.checks.core.ranks import HEADER_ROOM, WIRE_FLOOR, expect_received_at_most
 from dlcourse.checks.expert.answers import ANSWERS
 from dlcourse.checks.expert.in_rank import dispatch_in_rank
 from dlcourse.checks.expert.reference import dispatched
@@ -57,7 +59,7 @@ def _draw_case(ep, rng, idle_rank, wide=False):
     """Every rank's rows and experts: uneven, one expert never chosen, with idle_rank every
     expert of one rank never chosen; otherwise drawn again until the case tells the orders apart
     (a rank sends two rows to one expert; a rank receives from two sources for two experts).
-    With `wide`, rows of WIRE_FLOOR bytes or more, and every rank sends each other rank one."""
+    With `wide`, rows of WIRE_FLOOR bytes or more, and every rank routes one to every rank."""
     n_experts = ep * rng.randint(2, 3)
     n_local = n_experts // ep
     idle = set()
@@ -74,8 +76,7 @@ def _draw_case(ep, rng, idle_rank, wide=False):
         sizes = [rng.randint(4, 9) for _ in range(ep)]
         chosen = [[rng.choice(used) for _ in range(n)] for n in sizes]
         if wide:
-            chosen = [_to_every_other_rank(c, s, used, n_local, ep, rng)
-                      for s, c in enumerate(chosen)]
+            chosen = [_to_every_rank(c, used, n_local, ep, rng) for c in chosen]
         experts = [torch.tensor(c) for c in chosen]
         if idle_rank or _tells_orders_apart(experts, n_experts, ep):
             break
@@ -83,11 +84,12 @@ def _draw_case(ep, rng, idle_rank, wide=False):
     return xs, experts, n_experts
 
 
-def _to_every_other_rank(chosen, source, used, n_local, ep, rng):
-    """`chosen` (source's experts, ep - 1 or more) with its first ep - 1 replaced by one used
-    expert of each other rank, then shuffled. Each rank holds a used expert: one is idle."""
-    others = [rng.choice([e for e in used if e // n_local == d]) for d in range(ep) if d != source]
-    chosen = others + chosen[len(others):]
+def _to_every_rank(chosen, used, n_local, ep, rng):
+    """`chosen` (a rank's experts, ep or more) with its first ep replaced by one used expert of
+    each rank, its own included, then shuffled. Each rank holds a used expert: one is idle. A
+    rank that sent every row to every rank would then receive a row it does not need from each."""
+    every = [rng.choice([e for e in used if e // n_local == d]) for d in range(ep)]
+    chosen = every + chosen[len(every):]
     rng.shuffle(chosen)
     return chosen
 
@@ -106,6 +108,8 @@ def _tells_orders_apart(experts, n_experts, ep):
 def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout, wide=False):
     __tracebackhide__ = True
     xs, experts, n_experts = _draw_case(ep, rng, idle_rank, wide)
+    must = _rows_from_others(xs, experts, n_experts)
+    received = {}  # {rank: bytes}, counted by the kernel
     where = (f"dispatch_to_experts on {ep} ranks, E={n_experts}, x: "
              f"{str(xs[0].dtype).removeprefix('torch.')} rows of {xs[0].size(1)}")
     outcomes = run_on_ranks(dispatch_to_experts, [(x, e, n_experts) for x, e in zip(xs, experts)],
@@ -113,7 +117,7 @@ def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout, wide=False):
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
                             why_forbidden=WHY_ALL_TO_ALL, harness=dispatch_in_rank,
                             guard=ANSWERS.in_rank, timeout=timeout,
-                            receives=_rows_from_others(xs, experts, n_experts))
+                            receives=must, received=received)
     for r, ((got, sent), (x_after, e_after, _)) in enumerate(outcomes):
         if not (torch.equal(x_after, xs[r]) and torch.equal(e_after, experts[r])):
             fail(where, r, "changed its x or experts in place: the caller still needs them",
@@ -126,6 +130,9 @@ def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout, wide=False):
                            f"8 · E = {8 * n_experts}: a rank sends each of its rows once, to "
                            "the rank that holds the row's expert, not to every rank",
                  DISPATCH_HINT)
+    # beyond the rows, the counts (E int64 at most from each peer) and a few messages' headers
+    expect_received_at_most(received, [rows + (8 * n_experts + HEADER_ROOM) * (ep - 1)
+                                       for rows in must], where, DISPATCH_HINT)
 
 
 def _rows_from_others(xs, experts, n_experts):
