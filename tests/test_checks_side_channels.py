@@ -263,8 +263,9 @@ def test_a_token_message_with_a_faked_counter_fails_on_the_bytes_counted_outside
 
 
 # Issue 36: a floor that holds for small messages. The kernel counts gloo's headers as well,
-# ~140 B a peer, so where a case's rank must receive a few bytes a token message meets its floor;
-# each check has a case of 1 KiB or more from each rank to each other (`core.ranks.WIRE_FLOOR`).
+# ~144 B a message a peer, so where a case's rank must receive a few bytes a token message
+# meets its floor; each check has a case of 2 KiB or more from each rank to each other
+# (`core.ranks.WIRE_FLOOR`).
 # Below, the data comes by file (the self-check's one /tmp) and only a token, or the counts, by
 # all-to-all: a small case may pass (its rows, or its tokens, weigh less than the headers), the
 # wide one fails on what its ranks received, whatever the draw.
@@ -299,13 +300,13 @@ def dispatch_by_file_and_the_counts(x, experts, n_experts, group):
 @pytest.mark.parametrize("check, cheat", [
     (check_seq_to_heads, seq_to_heads_by_file_and_a_token),
     (check_dispatch_to_experts, dispatch_by_file_and_the_counts)], ids=["ulysses", "dispatch"])
-def test_data_by_file_and_a_token_message_fails_on_the_case_of_1_kib_a_peer(check, cheat):
+def test_data_by_file_and_a_token_message_fails_on_the_wide_case(check, cheat):
     first, _ = first_line_and_hint(check, cheat)
     assert " received " in first and "(counted on its connections, outside its process)" \
         in first, first
 
 
-def test_dispatch_s_wide_case_sends_1_kib_or_more_from_each_rank_to_each():
+def test_dispatch_s_wide_case_sends_wire_floor_bytes_or_more_from_each_rank_to_each():
     for seed in range(20):
         rng = random.Random(seed)
         ep = rng.choice([2, 3, 4])

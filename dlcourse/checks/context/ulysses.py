@@ -11,10 +11,10 @@ allowed, and a rank may send no more than an all-to-all does, (cp - 1)/cp of its
 all-gather built from send/recv fails on its bytes; nor receive less, counted by the kernel on
 its connections (`run_on_ranks(receives=)`): data moved another way fails; nor more than that
 and a few messages' headers (`expect_received_at_most`): every rank's whole x sent to each,
-with a counter faked to say otherwise, fails. One case moves `WIRE_FLOOR` (1 KiB) or more from each
-rank to each other, so that these counts stand clear of gloo's headers (a token message's
-~144 B a peer exceed a small case's few bytes). A misplaced
-value is named by where it came from (head and position in the whole tensor).
+with a counter faked to say otherwise, fails. One case moves `WIRE_FLOOR` (2 KiB) or more from
+each rank to each other, so that these counts stand clear of gloo's headers (a token message's
+~144 B a peer exceed a small case's few bytes). A misplaced value is named by where it came
+from (head and position in the whole tensor).
 """
 
 import torch

@@ -44,7 +44,7 @@ The API:
   moved by a file, or a token message with a faked counter, fails. `received={}` is filled with
   that count, for `ranks.expect_received_at_most` after the check's own messages: data a rank did
   not need fails. gloo's headers count too (~144 B a message a peer): allow `HEADER_ROOM` a peer
-  above the data, and give one case `WIRE_FLOOR` (1 KiB) or more from each rank to each other.
+  above the data, and give one case `WIRE_FLOOR` (2 KiB) or more from each rank to each other.
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it

@@ -28,11 +28,12 @@ CHECK_TIMEOUT_S = 10.0
 # the kernel counts gloo's headers too, ~144 B a message a peer (measured on torch 2.13's gloo:
 # an all-to-all, all_to_all_single or send/recv of nothing, 136 to 148 B on 2 to 4 ranks, 20 of
 # them 2872 B), so a floor of a few bytes is met by a token message.
-WIRE_FLOOR = 1024
+WIRE_FLOOR = 2048
 # What a rank may receive from each other rank beyond the exercise's data: the headers of up to
-# three messages a peer. More than that, in a case of WIRE_FLOOR bytes a peer, is data it did
-# not need (every rank's whole x where an all-to-all brings a piece).
-HEADER_ROOM = 512
+# seven messages a peer (a correct answer may send a piece at a time). More than that, in a
+# case of WIRE_FLOOR bytes a peer, is data it did not need (every rank's whole x where an
+# all-to-all brings a piece brings it WIRE_FLOOR more a peer at least).
+HEADER_ROOM = 1024
 
 # The collectives of torch.distributed; `forbid=COLLECTIVES` leaves send/recv (and barrier).
 COLLECTIVES = (

@@ -11,7 +11,7 @@ must be its own rows once and its counts, no more; and each rank must receive th
 rows routed to its experts, counted by the kernel on its connections (`run_on_ranks(receives=)`),
 and no more than those, its counts and a few messages' headers (`expect_received_at_most`):
 every row sent to every rank, with a counter faked to say otherwise, fails. In one case every
-rank routes a row to every rank, itself included, each row `WIRE_FLOOR` (1 KiB) bytes or more,
+rank routes a row to every rank, itself included, each row `WIRE_FLOOR` (2 KiB) bytes or more,
 so that these counts stand clear of gloo's headers (~144 B a message a peer: counts alone, or a
 token, exceed what a small case's rows weigh). The reference (`reference.dispatched`) is
 computed here from every rank's inputs after the ranks have finished.
