@@ -1,10 +1,10 @@
 """Issue 36: under `dlcourse grade` the answers are absent from a graded rank, not refused there.
 
-A set that declares its rank-side code (`Answers(rank_side=...)`: lessons 04, 06, 08, 09 and
-10) has none of its answer modules in a graded rank (`dlcourse/grading/absent.py`): not in
-`sys.modules`, not in `gc`, not importable (with the finder taken off `sys.meta_path` an import
-statement is refused by an audit hook, and `importlib` finds no file to load or is refused its
-`open`), and a copy of their text exec'd is refused by fingerprint. Each way a student's
+A set that declares its rank-side code (`Answers(rank_side=...)`: every set, 01 to 11, each of
+its exercises) has none of its answer modules in a graded rank (`dlcourse/grading/absent.py`):
+not in `sys.modules`, not in `gc`, not importable (with the finder taken off `sys.meta_path`
+an import statement is refused by an audit hook, and `importlib` finds no file to load or is
+refused its `open`), and a copy of their text exec'd is refused by fingerprint. Each way a student's
 function looks for the library's answer below finds nothing and fails; the solutions pass
 graded. The notebook's self-check still refuses in-process (the checks' own tests)."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from checking import first_line_and_hint
 from dlcourse import pickling
-from dlcourse.checks.checkpoint import check_is_complete, check_load_my_shard
-from dlcourse.checks.collectives import check_ring_all_gather
+from dlcourse.checks.checkpoint import check_is_complete, check_load_my_shard, check_resume_state
+from dlcourse.checks.collectives import check_all_reduce_time, check_ring_all_gather
 from dlcourse.checks.combine import check_first_stage_activation_bytes
 from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import Submitted
@@ -32,6 +32,8 @@ from dlcourse.grading import absent
 ROOT = Path(__file__).resolve().parent.parent
 ULYSSES = ROOT / "dlcourse" / "parallel" / "context" / "ulysses.py"
 ULYSSES_TEXT = ULYSSES.read_text()  # what a student could paste into a notebook cell
+COST_TEXT = (ROOT / "dlcourse" / "collectives" / "cost.py").read_text()
+RESUME_TEXT = (ROOT / "dlcourse" / "checkpoint" / "resume.py").read_text()
 
 
 def graded(fn, name):
@@ -132,7 +134,11 @@ def _solution(notebook, name):
     ("08_context_parallel.ipynb", "seq_to_heads", check_seq_to_heads),
     ("09_experts.ipynb", "dispatch_to_experts", check_dispatch_to_experts),
     # a graded rank's /tmp is its own: the checkpoint folders are sent to it as data
-    ("11_checkpoints.ipynb", "is_complete", check_is_complete)], ids=["08", "09", "11"])
+    ("11_checkpoints.ipynb", "is_complete", check_is_complete),
+    # their ranks load the counter and the run without the cost model and the resume
+    ("02_collectives.ipynb", "all_reduce_time", check_all_reduce_time),
+    ("11_checkpoints.ipynb", "resume_state", check_resume_state)],
+    ids=["08", "09", "11", "02 cost", "11 resume"])
 def test_the_solutions_pass_graded_with_the_answers_absent(notebook, name, check, capsys):
     check(graded(_solution(notebook, name), name))  # 2 to 5 ranks: it raises if any fails
     assert "passed" in capsys.readouterr().out
@@ -192,9 +198,11 @@ SETS = {
     "04": (check_column_parallel_linear, ("dlcourse.parallel.tensor",
                                           "dlcourse.checks.tensor.linear")),
     "01": (check_zero_model_state, ("dlcourse.memory", "dlcourse.checks.memory.formulas")),
-    # the cost exercise keeps the fallback (`checks/collectives/time.py`: TIME_ANSWERS)
     "02": (check_ring_all_gather, ("dlcourse.checks.collectives.rings",
                                    "dlcourse.checks.collectives.ring_checks")),
+    # the counter, which core and the rings import, without the alpha-beta model (`bus.py`)
+    "02 cost": (check_all_reduce_time, ("dlcourse.collectives.cost",
+                                        "dlcourse.checks.collectives.time")),
     "03": (check_all_reduce_buckets, ("dlcourse.parallel.data", "dlcourse.checks.data.buckets",
                                       "dlcourse.checks.data.replicas")),
     # its ranks wrap the model in the lesson's DataParallel: train_step refused there, the
@@ -218,7 +226,9 @@ SETS = {
     "10": (check_first_divergence, ("dlcourse.debug.divergence", "dlcourse.debug.compare",
                                     "dlcourse.debug.hang", "dlcourse.parallel.tensor.grads",
                                     "dlcourse.checks.debug.reference")),
-    # its resume check keeps the fallback (`checks/checkpoint/resume.py`: RESUME)
+    # the run a resume saves (`checkpoint/run.py`) without the resume, its files or the finder
+    "11 resume": (check_resume_state, ("dlcourse.checkpoint.resume", "dlcourse.checkpoint.files",
+                                       "dlcourse.checks.checkpoint.resume")),
     "11": (check_load_my_shard, ("dlcourse.checkpoint.resume", "dlcourse.checkpoint.files",
                                  "dlcourse.checkpoint.reshard",
                                  "dlcourse.checks.checkpoint.reshard")),
@@ -230,3 +240,45 @@ def test_each_covered_set_s_answers_are_absent_from_its_graded_ranks(lesson):
     check, modules = SETS[lesson]
     first, _ = first_line_and_hint(check, graded(looking_for(modules), "probe"))
     assert "raised LookupError: found nothing" in first, first
+
+
+# The two answers a package of the library used to import with it (`dlcourse.collectives`'s
+# `cost.py`, `dlcourse.checkpoint`'s `resume.py`): absent from a graded rank too, by import or
+# by a copy of their text pasted into the notebook.
+
+def time_from_the_library(nbytes, world_size, alpha, beta):
+    from dlcourse.collectives import predict_time
+    return predict_time("ring all_reduce", nbytes, world_size, alpha, beta)
+
+
+def time_from_a_pasted_copy(nbytes, world_size, alpha, beta, text=COST_TEXT):
+    namespace = {"__name__": "pasted"}
+    exec(compile(text, "pasted.py", "exec"), namespace)
+    return namespace["predict_time"]("ring all_reduce", nbytes, world_size, alpha, beta)
+
+
+COPY = "from a copy of the library's answer to the exercise being graded"
+
+
+def resume_from_the_library(run):
+    from dlcourse.checkpoint import resume_state
+    return resume_state(run)
+
+
+def resume_from_a_pasted_copy(run, text=RESUME_TEXT):
+    namespace = {"__name__": "pasted"}
+    exec(compile(text, "pasted.py", "exec"), namespace)
+    return namespace["resume_state"](run)
+
+
+@pytest.mark.parametrize("check, wrong, says", [
+    (check_all_reduce_time, time_from_the_library,
+     "No module named 'dlcourse.collectives.cost' here"),
+    (check_all_reduce_time, time_from_a_pasted_copy, COPY),
+    (check_resume_state, resume_from_the_library,
+     "No module named 'dlcourse.checkpoint.resume' here"),
+    (check_resume_state, resume_from_a_pasted_copy, COPY)],
+    ids=["02 import", "02 pasted", "11 import", "11 pasted"])
+def test_the_cost_model_and_the_resume_are_absent_from_their_graded_ranks(check, wrong, says):
+    first, _ = first_line_and_hint(check, graded(wrong, wrong.__name__.split("_from")[0]))
+    assert says in first, first

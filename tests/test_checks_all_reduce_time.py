@@ -90,8 +90,8 @@ def test_all_reduce_time_rejects_wrong_formulas_naming_the_wrong_term(wrong, got
 
 
 @pytest.mark.parametrize("wrong, says", [
-    (time_with_the_library, "called predict_time from dlcourse.collectives, which this exercise "
-                            "does not allow"),
+    (time_with_the_library, "called predict_time from dlcourse.collectives.cost, which this "
+                            "exercise does not allow"),
     (time_with_the_table, "used dlcourse.collectives.ALGORITHMS, which this exercise does not "
                           "allow"),
 ])

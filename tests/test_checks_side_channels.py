@@ -6,8 +6,10 @@ and receives its tensor through send/recv, the vocabulary-parallel loss all-redu
 two numbers a token. Issue 36: under `dlcourse grade` a file is no channel at all, each rank
 having a /tmp and /dev/shm of its own (`dlcourse/grading/rank_sandbox.py`)."""
 
+import itertools
 import os
 import pickle
+import random
 import shutil
 import tempfile
 import time
@@ -20,6 +22,9 @@ from checking import first_line_and_hint
 from dlcourse import pickling
 from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import Submitted, run_on_ranks
+from dlcourse.checks.core.ranks import WIRE_FLOOR
+from dlcourse.checks.expert import dispatch
+from dlcourse.checks.expert import check_dispatch_to_experts
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor import check_vocab_parallel_cross_entropy
 from dlcourse.grading import rank_sandbox
@@ -255,3 +260,111 @@ def test_a_token_message_with_a_faked_counter_fails_on_the_bytes_counted_outside
         assert counted == 2 * 4096  # sent and received
     first, _ = first_line_and_hint(_run_pass_on, pass_on_by_file_and_a_token)
     assert first.startswith("pass_on: rank 0 received ") and "at least 4096" in first, first
+
+
+# Issue 36: a floor that holds for small messages. The kernel counts gloo's headers as well,
+# ~144 B a message a peer, so where a case's rank must receive a few bytes a token message
+# meets its floor; each check has a case of 2 KiB or more from each rank to each other
+# (`core.ranks.WIRE_FLOOR`).
+# Below, the data comes by file (the self-check's one /tmp) and only a token, or the counts, by
+# all-to-all: a small case may pass (its rows, or its tokens, weigh less than the headers), the
+# wide one fails on what its ranks received, whatever the draw.
+
+def seq_to_heads_by_file_and_a_token(x, group):
+    cp = dist.get_world_size(group)
+    token = [torch.zeros(1, dtype=x.dtype) for _ in range(cp)]  # one value a peer
+    dist.all_to_all([torch.empty_like(t) for t in token], token, group=group)
+    return _from_files(x, group)
+
+
+def dispatch_by_file_and_the_counts(x, experts, n_experts, group):
+    ep, me = dist.get_world_size(group), dist.get_rank(group)
+    n_local = n_experts // ep
+    counts = torch.bincount(experts, minlength=n_experts)  # (E,) this rank's rows per expert
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts, group=group)  # rank s's counts of my experts, honestly
+    name = f"dlcourse-dispatch-{os.environ['MASTER_PORT']}-{{}}.pt"
+    torch.save((x, experts), f"/tmp/{name.format(me)}")
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end and not all(os.path.exists(f"/tmp/{name.format(s)}")
+                                             for s in range(ep)):
+        time.sleep(0.01)
+    time.sleep(0.05)  # written whole by then
+    rows = []
+    for s in range(ep):  # by source rank, then local expert, then order on the source
+        xs, es = torch.load(f"/tmp/{name.format(s)}")
+        rows += [xs[es == me * n_local + j] for j in range(n_local)]
+    return torch.cat(rows), got.view(ep, n_local)
+
+
+@pytest.mark.parametrize("check, cheat", [
+    (check_seq_to_heads, seq_to_heads_by_file_and_a_token),
+    (check_dispatch_to_experts, dispatch_by_file_and_the_counts)], ids=["ulysses", "dispatch"])
+def test_data_by_file_and_a_token_message_fails_on_the_wide_case(check, cheat):
+    first, _ = first_line_and_hint(check, cheat)
+    assert " received " in first and "(counted on its connections, outside its process)" \
+        in first, first
+
+
+def test_dispatch_s_wide_case_sends_wire_floor_bytes_or_more_from_each_rank_to_each():
+    for seed in range(20):
+        rng = random.Random(seed)
+        ep = rng.choice([2, 3, 4])
+        xs, experts, n_experts = dispatch._draw_case(ep, rng, idle_rank=False, wide=True)
+        n_local = n_experts // ep
+        for s, r in itertools.product(range(ep), repeat=2):  # rank s's rows to rank r's experts
+            rows = int((experts[s] // n_local == r).sum())  # its own too: see the next test
+            assert rows * xs[s].size(1) * xs[s].element_size() >= WIRE_FLOOR, (seed, s, r)
+
+
+# Issue 36: efficiency faked. Every rank sends its whole input to every rank (an all-gather where
+# an all-to-all belongs), keeps its part, and clears the check's CommCounter records, so the
+# bytes it says it sent are none. The kernel's count of what each rank received, the same in the
+# self-check and graded, is above the exercise's data and a few headers in the wide case
+# (`run_on_ranks(receives_at_most=)`).
+
+def _clear_the_counters():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    for mode in _get_current_dispatch_mode_stack():
+        getattr(mode, "records", []).clear()
+
+
+def seq_to_heads_all_gathered(x, group):
+    cp, me = dist.get_world_size(group), dist.get_rank(group)
+    whole = [torch.empty_like(x) for _ in range(cp)]
+    dist.all_to_all(whole, [x.contiguous()] * cp, group=group)  # every rank's whole x
+    _clear_the_counters()
+    return torch.cat(whole, dim=2).chunk(cp, dim=1)[me].contiguous()
+
+
+def _to_every_rank(t, group):
+    """Every rank's t, concatenated in rank order (sent to every rank whole)."""
+    ep = dist.get_world_size(group)
+    n = torch.tensor([len(t)] * ep)
+    theirs = torch.empty_like(n)
+    dist.all_to_all_single(theirs, n, group=group)
+    out = t.new_empty((int(theirs.sum()), *t.shape[1:]))
+    dist.all_to_all_single(out, t.repeat(ep, *[1] * (t.dim() - 1)), theirs.tolist(),
+                           [len(t)] * ep, group=group)
+    return list(out.split(theirs.tolist()))
+
+
+def dispatch_to_every_rank(x, experts, n_experts, group):
+    ep, me = dist.get_world_size(group), dist.get_rank(group)
+    n_local = n_experts // ep
+    xs, es = _to_every_rank(x, group), _to_every_rank(experts, group)
+    _clear_the_counters()
+    rows = [xs[s][es[s] == me * n_local + j] for s in range(ep) for j in range(n_local)]
+    counts = [[int((es[s] == me * n_local + j).sum()) for j in range(n_local)]
+              for s in range(ep)]
+    return torch.cat(rows), torch.tensor(counts)
+
+
+@pytest.mark.parametrize("check, cheat, name", [
+    (check_seq_to_heads, seq_to_heads_all_gathered, "seq_to_heads"),
+    (check_dispatch_to_experts, dispatch_to_every_rank, "dispatch_to_experts")],
+    ids=["ulysses", "dispatch"])
+def test_an_all_gather_with_its_records_cleared_fails_on_the_bytes_received(check, cheat, name):
+    for fn in (cheat, Submitted(name, pickling.dumps(cheat))):  # self-check, then graded
+        first, _ = first_line_and_hint(check, fn)
+        assert " received " in first and "at most" in first, first

@@ -8,7 +8,6 @@ the first tensor where they part. Apart from `resume.py` so that what a resume n
 tour's kill-and-resume row uses) does not import the finder, which reads the tour's catalogue.
 """
 
-import io
 import re
 import warnings
 
@@ -17,7 +16,7 @@ import torch.distributed as dist
 
 import dlcourse
 from dlcourse.checkpoint.resume import restore, resume_state
-from dlcourse.checkpoint.run import RunConfig, TrainRun
+from dlcourse.checkpoint.run import RunConfig, TrainRun, through_bytes, trained
 from dlcourse.debug.compare import compare_trace
 from dlcourse.debug.divergence import Divergence, record
 from dlcourse.debug.subjects import Subject
@@ -57,14 +56,6 @@ def compare_runs(reference, run, n):
     return gaps, final
 
 
-def trained(cfg, k):
-    """A fresh run on every rank of the world, trained k steps."""
-    run = TrainRun(cfg, dist.group.WORLD)
-    for _ in range(k):
-        run.step()
-    return run
-
-
 def compare_resumes(cfg, k, n, forgets=((),)):
     """On every rank: for each tuple of pieces in `forgets`, (gaps, max |Δ| of the parameters
     after n more steps) between a run of k + n steps and one saved after k steps, restored into a
@@ -76,14 +67,6 @@ def compare_resumes(cfg, k, n, forgets=((),)):
         resumed = restore(TrainRun(cfg, dist.group.WORLD), state, forget)  # a fresh start
         results.append(compare_runs(reference, resumed, n))
     return results
-
-
-def through_bytes(state):
-    """`state` saved with torch.save and loaded back (weights_only), as from a file."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 def first_divergence(per_rank, k):
@@ -114,4 +97,4 @@ def resume_divergences(forgets, cfg=None, k=3, n=2, world_size=2, timeout=120):
 
 
 __all__ = ["TraceConfig", "compare_resumes", "compare_runs", "first_divergence", "record_run",
-           "resume_divergences", "subject_of", "through_bytes", "trained"]
+           "resume_divergences", "subject_of"]

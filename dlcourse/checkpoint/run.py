@@ -9,10 +9,12 @@ shuffles its sequences afresh each epoch. A step changes five things: the parame
 moments and step count, the schedule's step, both random streams, the data position.
 """
 
+import io
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
+import torch.distributed as dist
 
 from dlcourse.models import GPT, GPTConfig, synthetic_tokens
 from dlcourse.parallel.tensor import full_parameters, parallelize, vocab_parallel_lm_loss
@@ -89,3 +91,19 @@ class TrainRun:
     def full_parameters(self):
         """{name: whole parameter}, gathered over the tp group (call on every rank)."""
         return full_parameters(self.model, self.group)
+
+
+def trained(cfg, k):
+    """A fresh run on every rank of the world, trained k steps."""
+    run = TrainRun(cfg, dist.group.WORLD)
+    for _ in range(k):
+        run.step()
+    return run
+
+
+def through_bytes(state):
+    """`state` saved with torch.save and loaded back (weights_only), as from a file."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)

@@ -9,33 +9,13 @@ sequential message steps and moves `bytes_moved` bytes over its busiest link tak
 nccl-tests report two bandwidths for an op of S bytes taking t seconds (NVIDIA's nccl-tests,
 doc/PERFORMANCE.md): algbw = S / t, and busbw = algbw x a bus factor, the fraction of S that each
 rank must send over its own link at the least, so that busbw can be set beside the link's speed
-whatever the number of ranks.
+whatever the number of ranks (the factors: `bus.py`).
 """
 
 import math
 from dataclasses import dataclass
 
-# op -> bus factor for a group of n ranks (nccl-tests' definitions). An all-reduce must send every
-# byte out and bring the result back, less the 1/n share that a rank already holds: 2(n-1)/n.
-BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,
-    "recv": lambda n: 1.0,
-    "barrier": lambda n: 0.0,
-}
-
-
-def bus_factor(op, world_size):
-    if op not in BUS_FACTOR:
-        raise ValueError(f"no bus factor for op {op!r}; known ops: {', '.join(BUS_FACTOR)}")
-    return BUS_FACTOR[op](world_size)
+from dlcourse.collectives.bus import bus_factor
 
 
 def algbw(nbytes, seconds):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from dlcourse.collectives.cost import bus_factor
+from dlcourse.collectives.bus import bus_factor
 from dlcourse.collectives.p2p import nbytes_of
 
 
@@ -41,7 +41,7 @@ class CommRecord:
     inner: list = field(default_factory=list, repr=False)  # the course's ops: their send/recv
 
     def bus_bytes(self):
-        """nbytes x the bus factor: what this op moves over one rank's link (`cost.bus_factor`)."""
+        """nbytes x the bus factor: what this op moves over one rank's link (`bus.bus_factor`)."""
         return self.nbytes * bus_factor(self.op, self.group_size)
 
 

@@ -1,14 +1,15 @@
-"""The rank side of lesson 11's reshard and completeness checks: what runs in each rank while a
-student's `load_my_shard` or (graded) `is_complete` runs there. It imports none of the lesson's code and holds no reference: under
+"""The rank side of lesson 11's checks: what runs in each rank while a student's `resume_state`,
+`load_my_shard` or (graded) `is_complete` runs there. It imports none of the lesson's answers
+(the run a resume saves, `checkpoint/run.py`, is not one) and holds no reference: under
 `dlcourse grade` this is the one module of the set a rank loads (`answers.ANSWERS.rank_side`,
-`grading/absent.py`); the whole tensor the pieces are compared with stays in the checking process.
-The resume check's ranks train lesson 11's run, whose package loads the lesson's resume with it
-(`dlcourse.checkpoint`'s `__init__`), so that check keeps the fallback: the answers imported in
-its ranks, their files hidden (`resume.RESUME`).
+`grading/absent.py`); the whole tensor the pieces are compared with, and the trace of the run
+that never stopped, are made outside the student's ranks.
 """
 
 import os
 import tempfile
+
+from dlcourse.checkpoint.run import through_bytes, trained
 
 
 class SavedFiles:
@@ -22,6 +23,12 @@ class SavedFiles:
             raise KeyError(f"no saved file {name!r}; the metadata names {sorted(self._chunks)}")
         self.reads.append(name)
         return self._chunks[name].clone()
+
+
+def saved_in_rank(student, cfg, k):
+    """Runs in every rank of the resume check's first job: lesson 11's run trained k steps, and
+    the student's state of it as a file would give it back (torch.save, torch.load)."""
+    return through_bytes(student(trained(cfg, k)))
 
 
 def load_in_rank(student, metadata, chunks):

@@ -7,30 +7,29 @@
 back (`load_state_dict`, `torch.set_rng_state`, the tracker's states). In a first 2-rank job each
 rank trains lesson 11's run (`checkpoint/run.py`: TP GPT with dropout, AdamW, warm-up, shuffled
 data; its seed, dropout, warm-up and the step k drawn) for k steps, calls the student's function,
-and sends the state back through torch.save / torch.load, beside the trace of the same run never
-stopped. That job ends: its processes are gone. A second job, fresh processes, starts the run
-afresh on each rank, puts the rank's state back with this check's own `_put_back`, trains 2 more
-steps and compares them with the trace through lesson 10's finder (`checkpoint.resume.compare_runs`).
-Nothing but the returned state crosses from one job to the other. The first gap names what was
-missing: each piece shows at its own place, and on the ranks that lack it.
+and sends the state back through torch.save / torch.load (`in_rank.saved_in_rank`). That job ends:
+its processes are gone. A second job, the check's own, fresh processes, records on each rank the
+trace of the same run never stopped, starts the run afresh, puts the rank's state back with this
+check's own `_put_back`, trains 2 more steps and compares them with the trace through lesson
+10's finder (`checkpoint.forgetting.compare_runs`). Nothing but the returned state crosses from
+the student's job to the check's. The first gap names what was missing: each piece shows at its
+own place, and on the ranks that lack it. Under `dlcourse grade` the student's ranks have none
+of the lesson's answers (`answers.ANSWERS`: `resume.py`, `files.py`, ...) and none of these
+checks but `in_rank.py`.
 """
 
 import torch
 
 import dlcourse
-from dlcourse.checkpoint.forgetting import (compare_runs, first_divergence, record_run,
-                                            through_bytes, trained)
-from dlcourse.checkpoint.run import RunConfig, TrainRun
+from dlcourse.checkpoint.forgetting import compare_runs, first_divergence, record_run
+from dlcourse.checkpoint.run import RunConfig, TrainRun, trained
 from dlcourse.checks.checkpoint.answers import ANSWERS
+from dlcourse.checks.checkpoint.in_rank import saved_in_rank
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.errors import RankError
 from dlcourse.launcher import PerRank
 from dlcourse.models import GPTConfig
 
-# Its ranks train lesson 11's run, and `dlcourse.checkpoint`'s `__init__` loads the lesson's
-# resume with it: under `dlcourse grade` the answers are imported there and their files hidden
-# (no `rank_side`), not absent as in the set's other checks.
-RESUME = ANSWERS.but(rank_side=None)
 N_MORE = 2  # steps compared after the resume
 HINT = ("a step reads the parameters, AdamW's state, the schedule's step, both random streams "
         "and the data position: return each, from this rank")
@@ -53,14 +52,10 @@ def _put_back(run, state):
         run.data.load_state_dict(state["data"])
 
 
-def _save_in_rank(student, cfg, k):
-    """First job: the trace of the run never stopped, and the student's state after k steps."""
+def _resume_in_rank(cfg, k, state):
+    """Second job, fresh processes, the check's own: the trace of the run never stopped, then
+    a run started afresh (`TrainRun` seeds every stream), the state put back, compared."""
     reference = record_run(trained(cfg, k), N_MORE)
-    return reference, through_bytes(student(trained(cfg, k)))
-
-
-def _resume_in_rank(cfg, state, reference):
-    """Second job, fresh processes: a run started afresh, the state put back, compared."""
     run = TrainRun(cfg, torch.distributed.group.WORLD)
     _put_back(run, state)
     return compare_runs(reference, run, N_MORE)
@@ -83,12 +78,12 @@ def check_resume_state(resume_state, timeout=CHECK_TIMEOUT_S, *, rng):
     where = (f"resume_state on 2 ranks (saved after step {k}, dropout {cfg.model.dropout}, "
              f"warm-up {cfg.warmup} steps)")
     saved = run_on_ranks(resume_state, [(cfg, k)] * 2, exercise="resume_state", where=where,
-                         hint=HINT, harness=_save_in_rank, guard=RESUME.in_rank,
+                         hint=HINT, harness=saved_in_rank, guard=ANSWERS.in_rank,
                          timeout=timeout)
-    references, states = zip(*(value for value, _ in saved))
+    states = [value for value, _ in saved]
     try:
-        outcomes = dlcourse.launch(_resume_in_rank, cfg, PerRank(states), PerRank(references),
-                                   world_size=2, timeout=timeout)
+        outcomes = dlcourse.launch(_resume_in_rank, cfg, k, PerRank(states), world_size=2,
+                                   timeout=timeout)
     except RankError as error:
         fail(where, error.rank, f"the state it returned could not be put back: "
                                 f"{error.failures.get(error.rank)}",

@@ -1,17 +1,18 @@
 """Lesson 02's cost exercise: `check_all_reduce_time(all_reduce_time)`, the alpha-beta time of
 a ring all-reduce. The check calls the student's function in this process and compares it with
 the lesson's `predict_time("ring all_reduce", ...)`, which (with the table it reads) refuses to
-run meanwhile, as do these checks' own functions.
+run meanwhile, as do these checks' own functions. Under `dlcourse grade` the student's function
+runs on a rank that has neither `dlcourse.collectives.cost` nor these checks (`TIME_ANSWERS`).
 """
 
-import contextlib
 import math
 import numbers
 
 import torch
 
 from dlcourse.checks.collectives.answers import ANSWERS
-from dlcourse.checks.core import ForbiddenCall, call_in_process, fail, fresh_cases, kind
+from dlcourse.checks.collectives.in_rank import COST, no_cost_table
+from dlcourse.checks.core import call_in_process, fail, fresh_cases, kind
 from dlcourse.collectives import cost
 
 # ---------------------------------------------------------------- exercise 4: the time it takes
@@ -60,32 +61,10 @@ def _answer(fn, args, where):
                            guard=TIME_ANSWERS.in_process)
 
 
-class _RefusedTable:
-    """Stands in for every row of cost.ALGORITHMS while the student's function runs."""
-
-    def __getattr__(self, name):
-        raise ForbiddenCall("used dlcourse.collectives.ALGORITHMS, which this exercise does not "
-                            "allow: work out the steps and bytes yourself")
-
-
-@contextlib.contextmanager
-def _no_table():
-    """The ALGORITHMS rows (the table predict_time reads) raise; then they are put back."""
-    rows = dict(cost.ALGORITHMS)  # the same dict object everywhere: swap its rows in place
-    cost.ALGORITHMS.update({name: _RefusedTable() for name in rows})
-    try:
-        yield
-    finally:
-        cost.ALGORITHMS.update(rows)
-
-
-# predict_time, its table and these checks' own functions (`answers.py`)
-TIME_ANSWERS = ANSWERS.but(single=(("dlcourse.collectives", "predict_time"),),
-                           also=(_no_table,),
-                           why="it is the answer; work out the steps and bytes yourself",
-                           # the table is swapped in the rank (`_no_table`): its module and
-                           # this one loaded there, their files hidden, not absent
-                           rank_side=None)
+# predict_time, its table and these checks' own functions (`answers.py`); a graded rank loads
+# `in_rank.py` alone (`ANSWERS.rank_side`), without `cost.py`, which this makes absent there
+TIME_ANSWERS = ANSWERS.but(single=((COST, "predict_time"),), also=(no_cost_table,),
+                           why="it is the answer; work out the steps and bytes yourself")
 
 
 def _time_hint(fn, got, expected, nbytes, n):

@@ -9,8 +9,12 @@ run, never 4 alone; heads a multiple of cp), each rank sent only its own tokens;
 equal the slice of the whole tensor, put together here. Only all-to-all and send/recv are
 allowed, and a rank may send no more than an all-to-all does, (cp - 1)/cp of its x: an
 all-gather built from send/recv fails on its bytes; nor receive less, counted by the kernel on
-its connections (`run_on_ranks(receives=)`): data moved another way fails. A misplaced value is named by where it
-came from (head and position in the whole tensor).
+its connections (`run_on_ranks(receives=)`): data moved another way fails; nor more than that
+and a few messages' headers (`expect_received_at_most`): every rank's whole x sent to each,
+with a counter faked to say otherwise, fails. One case moves `WIRE_FLOOR` (2 KiB) or more from
+each rank to each other, so that these counts stand clear of gloo's headers (a token message's
+~144 B a peer exceed a small case's few bytes). A misplaced value is named by where it came
+from (head and position in the whole tensor).
 """
 
 import torch
@@ -19,6 +23,7 @@ from dlcourse.checks.context.reference import normal, world_sizes
 from dlcourse.checks.context.answers import ANSWERS
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, describe, expect_callable, fail,
                                   fresh_cases, run_on_ranks)
+from dlcourse.checks.core.ranks import HEADER_ROOM, WIRE_FLOOR, expect_received_at_most
 from dlcourse.checks.context.in_rank import seq_to_heads_in_rank
 
 ALLOWED = ("all_to_all", "all_to_all_single")
@@ -41,27 +46,33 @@ def check_seq_to_heads(seq_to_heads, timeout=CHECK_TIMEOUT_S, *, rng):
     shapes = [(rng.randint(2, 3), rng.randint(2, 3))] + [
         (rng.randint(1, 3), rng.randint(1, 3)) for _ in sizes[1:]]
     rng.shuffle(shapes)
-    for cp, (h, n) in zip(sizes, shapes):
-        _check_case(seq_to_heads, rng, cp, h, n, timeout)
+    wide = rng.randrange(len(sizes))  # the case whose messages stand clear of gloo's headers
+    for i, (cp, (h, n)) in enumerate(zip(sizes, shapes)):
+        _check_case(seq_to_heads, rng, cp, h, n, timeout, wide=i == wide)
     print(f"seq_to_heads: passed on {len(sizes)} cases drawn at random "
           f"({', '.join(map(str, sizes))} ranks): every rank holds its a/cp heads over the whole "
-          "sequence, moved by all-to-all, (cp - 1)/cp of its tokens sent")
+          "sequence, moved by all-to-all, (cp - 1)/cp of its tokens sent and received (in one "
+          f"case {WIRE_FLOOR} bytes or more from each rank to each other)")
 
 
-def _check_case(seq_to_heads, rng, cp, h, n, timeout):
+def _check_case(seq_to_heads, rng, cp, h, n, timeout, wide=False):
     __tracebackhide__ = True
     b, d, a = rng.randint(1, 2), rng.randint(1, 4), cp * h
     dtype = rng.choice([torch.float32, torch.float64])
+    if wide:  # rank r sends rank j its b·h·n·d values of j's heads: WIRE_FLOOR bytes or more
+        d = max(d, -(-WIRE_FLOOR // (b * h * n * dtype.itemsize)))
     whole = normal((b, a, n * cp, d), rng, dtype)  # (b, a, s, d): random, no two values alike
     shards = list(whole.split(n, dim=2))  # rank r: tokens r·n .. (r+1)·n - 1 of every head
     where = (f"seq_to_heads on {cp} ranks, {a} heads, {n * cp} tokens, x: "
              f"{describe(shards[0])}")
     must = (cp - 1) * shards[0].numel() * shards[0].element_size() // cp  # others' tokens
+    received = {}  # {rank: bytes}, counted by the kernel
     outcomes = run_on_ranks(seq_to_heads, [(x,) for x in shards], exercise="seq_to_heads",
                             where=where, hint=ULYSSES_HINT,
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
                             why_forbidden=WHY_ALL_TO_ALL, harness=seq_to_heads_in_rank,
-                            guard=ANSWERS.in_rank, timeout=timeout, receives=[must] * cp)
+                            guard=ANSWERS.in_rank, timeout=timeout, receives=[must] * cp,
+                            received=received)
     for r, ((got, leaving), after) in enumerate(outcomes):
         if not torch.equal(after[0], shards[r]):
             fail(where, r, "changed x in place: the caller's tensor must keep its values",
@@ -73,6 +84,8 @@ def _check_case(seq_to_heads, rng, cp, h, n, timeout):
             fail(where, r, f"sent {leaving} bytes to other ranks, where one all-to-all sends "
                            f"(cp - 1)/cp of x: {allowed} bytes",
                  "send each rank only the heads it will hold, not the whole x")
+    expect_received_at_most(received, [must + HEADER_ROOM * (cp - 1)] * cp, where,
+                            "send each rank only the heads it will hold, not the whole x")
 
 
 def _expect_heads(got, expected, whole, r, h, where):

@@ -30,18 +30,21 @@ A check in `dlcourse/checks/<name>/` looks like this:
 
 The API:
 - `run_on_ranks(fn, rank_args, exercise=, where=, hint=, forbid=(), why_forbidden="",
-  hang_hint="", harness=None, guard=None, timeout=, receives=None)` runs `fn(*rank_args[r])` (or
-  `harness(fn, *rank_args[r])`) on rank r of `len(rank_args)` gloo ranks (rank r is sent
-  `rank_args[r]` only: give it its shard, never the whole, and its code cannot read the whole)
-  and returns, in rank order, `(value, args_after)`: what the rank returned and its arguments
-  after the call (to catch a function that changes its caller's tensors). A rank that raises,
-  a function not written yet (`NotImplementedError`), and a job still running after `timeout`
-  seconds (a deadlock) all become `CheckFailed`, named by `where` (the case) and followed by
-  `hint` (a deadlock by `hang_hint`: what makes this exercise's messages wait forever); no
-  process is left behind (`dlcourse.launch` stops every rank).
+  hang_hint="", harness=None, guard=None, timeout=, receives=None, received=None)`
+  runs `fn(*rank_args[r])` (or `harness(fn, *rank_args[r])`) on rank r of `len(rank_args)`
+  gloo ranks (rank r is sent `rank_args[r]` only: give it its shard, never the whole, and its
+  code cannot read the whole) and returns, in rank order, `(value, args_after)`: what the rank
+  returned and its arguments after the call (to catch a function that changes its caller's
+  tensors). A rank that raises, a function not written yet (`NotImplementedError`), and a job
+  still running after `timeout` seconds (a deadlock) all become `CheckFailed`, named by `where`
+  (the case) and followed by `hint` (a deadlock by `hang_hint`: what makes this exercise's
+  messages wait forever); no process is left behind (`dlcourse.launch` stops every rank).
 - `receives=[bytes per rank]`: the fewest bytes each rank must receive from the others,
   counted by the kernel on the ranks' connections from outside them (`grading/wire.py`): data
-  moved by a file, or a token message with a faked counter, fails.
+  moved by a file, or a token message with a faked counter, fails. `received={}` is filled with
+  that count, for `ranks.expect_received_at_most` after the check's own messages: data a rank did
+  not need fails. gloo's headers count too (~144 B a message a peer): allow `HEADER_ROOM` a peer
+  above the data, and give one case `WIRE_FLOOR` (2 KiB) or more from each rank to each other.
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it

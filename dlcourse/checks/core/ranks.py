@@ -23,6 +23,18 @@ from dlcourse.launcher import PerRank, launch_as_data, launch_watched
 # torch). 10 s leaves room for a loaded machine and still reports a deadlock within seconds.
 CHECK_TIMEOUT_S = 10.0
 
+# What a rank must receive from each other rank, in at least one case of a check that bounds
+# received bytes (`receives=`, `receives_at_most=`), for the bounds to tell data from headers:
+# the kernel counts gloo's headers too, ~144 B a message a peer (measured on torch 2.13's gloo:
+# an all-to-all, all_to_all_single or send/recv of nothing, 136 to 148 B on 2 to 4 ranks, 20 of
+# them 2872 B), so a floor of a few bytes is met by a token message.
+WIRE_FLOOR = 2048
+# What a rank may receive from each other rank beyond the exercise's data: the headers of up to
+# seven messages a peer (a correct answer may send a piece at a time). More than that, in a
+# case of WIRE_FLOOR bytes a peer, is data it did not need (every rank's whole x where an
+# all-to-all brings a piece brings it WIRE_FLOOR more a peer at least).
+HEADER_ROOM = 1024
+
 # The collectives of torch.distributed; `forbid=COLLECTIVES` leaves send/recv (and barrier).
 COLLECTIVES = (
     "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_into_tensor", "gather",
@@ -33,7 +45,8 @@ COLLECTIVES = (
 
 
 def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why_forbidden="",
-                 hang_hint="", harness=None, guard=None, timeout=CHECK_TIMEOUT_S, receives=None):
+                 hang_hint="", harness=None, guard=None, timeout=CHECK_TIMEOUT_S, receives=None,
+                 received=None):
     """Run `fn(*rank_args[rank])` on every rank; return [(value, args_after)] in rank order.
 
     `where` names the case in messages (default: the exercise); `hint` follows a rank's error,
@@ -46,7 +59,9 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     compares. For a class (an autograd Function), `with student.guarded(): student.fn.apply(...)`.
     `receives`, if given, is the fewest bytes each rank must receive from the others: counted
     by the kernel on the ranks' connections, outside them (`grading/wire.py`), so what a rank's
-    own counter says cannot change it; a rank that received less fails.
+    own counter says cannot change it; a rank that received less fails. `received`, if given
+    (a dict), is filled with that count, {rank: bytes}, for the check to bound from above with
+    `expect_received_at_most` once its own messages, which say more, have had their say.
     """
     __tracebackhide__ = True  # IPython shows the student the check's message, not this frame
     expect_callable(fn, exercise)
@@ -60,14 +75,14 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     # none of the exercise's answers (`graded_launch`).
     launch_options, rank_guard = graded_launch(guard, "in_rank") if submitted else ({}, guard)
     student = StudentCode(payload, tuple(forbid), why_forbidden, rank_guard)
-    measured = {}
+    measured = {} if received is None else received
     start = functools.partial(launch_as_data, **launch_options) if submitted else launch_watched
     try:
         # gloo, even on GPUs: a check tests the logic on small CPU tensors the same everywhere.
         # each rank gets its own arguments only: none can read another's (or the whole)
         outcomes = start(_in_rank, student, PerRank(rank_args), harness, submitted,
                          world_size=world_size, backend="gloo", timeout=timeout,
-                         wire=measured.update if receives is not None else None)
+                         wire=None if receives is received is None else measured.update)
     except RankTimeout as error:
         raise CheckFailed(
             f"{where or exercise}: did not finish within {timeout:g} s on {world_size} ranks "
@@ -82,13 +97,28 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
     return outcomes
 
 
+_COUNTED = "from the other ranks (counted on its connections, outside its process)"
+
+
 def _expect_received(measured, receives, where, hint):
     """Each rank received at least `receives[rank]` bytes (where the kernel's count was read)."""
     for rank, least in enumerate(receives or []):
         if rank in measured and measured[rank] < least:
-            raise CheckFailed(f"{where}: rank {rank} received {measured[rank]} bytes from the "
-                              f"other ranks (counted on its connections, outside its process), "
+            raise CheckFailed(f"{where}: rank {rank} received {measured[rank]} bytes {_COUNTED}, "
                               f"where this exercise must bring it at least {least}"
+                              + (f"\nHint: {hint}" if hint else ""))
+
+
+def expect_received_at_most(received, most, where, hint=""):
+    """Each rank received at most `most[rank]` bytes, by the kernel's count that `run_on_ranks`
+    filled `received` with (where it was read): more is data the rank did not need, whatever its
+    own counter says. A check calls it after its own checks of what a rank says it sent."""
+    __tracebackhide__ = True
+    for rank, bound in enumerate(most):
+        if rank in received and received[rank] > bound:
+            raise CheckFailed(f"{where}: rank {rank} received {received[rank]} bytes {_COUNTED}, "
+                              f"where this exercise brings it at most {bound}, gloo's headers "
+                              "included: it was sent data it does not need"
                               + (f"\nHint: {hint}" if hint else ""))
 
 

@@ -8,8 +8,12 @@ routing with an idle expert in every case and, in one case, a rank whose experts
 all. While the student's code runs the lesson's answers are refused (`answers.py`), and so are
 the collectives that are not an all-to-all; `CommCounter` counts the bytes each rank sends, which
 must be its own rows once and its counts, no more; and each rank must receive the other ranks'
-rows routed to its experts, counted by the kernel on its connections (`run_on_ranks(receives=)`).
-The reference (`reference.dispatched`) is
+rows routed to its experts, counted by the kernel on its connections (`run_on_ranks(receives=)`),
+and no more than those, its counts and a few messages' headers (`expect_received_at_most`):
+every row sent to every rank, with a counter faked to say otherwise, fails. In one case every
+rank routes a row to every rank, itself included, each row `WIRE_FLOOR` (2 KiB) bytes or more,
+so that these counts stand clear of gloo's headers (~144 B a message a peer: counts alone, or a
+token, exceed what a small case's rows weigh). The reference (`reference.dispatched`) is
 computed here from every rank's inputs after the ranks have finished.
 """
 
@@ -17,6 +21,7 @@ import torch
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, expect_callable, fail,
                                   fresh_cases, kind, run_on_ranks)
+from dlcourse.checks.core.ranks import HEADER_ROOM, WIRE_FLOOR, expect_received_at_most
 from dlcourse.checks.expert.answers import ANSWERS
 from dlcourse.checks.expert.in_rank import dispatch_in_rank
 from dlcourse.checks.expert.reference import dispatched
@@ -41,17 +46,20 @@ def check_dispatch_to_experts(dispatch_to_experts, timeout=CHECK_TIMEOUT_S, *, r
     eps = [2, 3, 4]
     rng.shuffle(eps)
     for i, ep in enumerate(eps):
-        _check_case(dispatch_to_experts, ep, rng, idle_rank=i == 0, timeout=timeout)
+        _check_case(dispatch_to_experts, ep, rng, idle_rank=i == 0, wide=i == 1,
+                    timeout=timeout)
     ranks = ", ".join(map(str, eps))
     print(f"dispatch_to_experts: passed on {len(eps)} cases drawn at random ({ranks} ranks;"
-          " uneven splits, an idle expert in each, a rank with no rows in one): every "
-          "rank got its rows in order and sent its own rows once and its counts, no more")
+          " uneven splits, an idle expert in each, a rank with no rows in one, rows of "
+          f"{WIRE_FLOOR} bytes or more to every rank in one): every rank got its rows in order, "
+          "sent its own rows once and its counts, no more, and received its rows' bytes")
 
 
-def _draw_case(ep, rng, idle_rank):
+def _draw_case(ep, rng, idle_rank, wide=False):
     """Every rank's rows and experts: uneven, one expert never chosen, with idle_rank every
     expert of one rank never chosen; otherwise drawn again until the case tells the orders apart
-    (a rank sends two rows to one expert; a rank receives from two sources for two experts)."""
+    (a rank sends two rows to one expert; a rank receives from two sources for two experts).
+    With `wide`, rows of WIRE_FLOOR bytes or more, and every rank routes one to every rank."""
     n_experts = ep * rng.randint(2, 3)
     n_local = n_experts // ep
     idle = set()
@@ -61,14 +69,29 @@ def _draw_case(ep, rng, idle_rank):
     idle.add(rng.choice([e for e in range(n_experts) if e not in idle]))
     used = [e for e in range(n_experts) if e not in idle]
     width, dtype = rng.randint(16, 24), rng.choice([torch.float32, torch.float64])
+    if wide:
+        width = max(width, -(-WIRE_FLOOR // dtype.itemsize))
     gen = torch.Generator().manual_seed(rng.randrange(2**62))
     for _ in range(100):  # most draws tell the orders apart at once
         sizes = [rng.randint(4, 9) for _ in range(ep)]
-        experts = [torch.tensor([rng.choice(used) for _ in range(n)]) for n in sizes]
+        chosen = [[rng.choice(used) for _ in range(n)] for n in sizes]
+        if wide:
+            chosen = [_to_every_rank(c, used, n_local, ep, rng) for c in chosen]
+        experts = [torch.tensor(c) for c in chosen]
         if idle_rank or _tells_orders_apart(experts, n_experts, ep):
             break
     xs = [torch.randn(n, width, generator=gen, dtype=dtype) for n in sizes]
     return xs, experts, n_experts
+
+
+def _to_every_rank(chosen, used, n_local, ep, rng):
+    """`chosen` (a rank's experts, ep or more) with its first ep replaced by one used expert of
+    each rank, its own included, then shuffled. Each rank holds a used expert: one is idle. A
+    rank that sent every row to every rank would then receive a row it does not need from each."""
+    every = [rng.choice([e for e in used if e // n_local == d]) for d in range(ep)]
+    chosen = every + chosen[len(every):]
+    rng.shuffle(chosen)
+    return chosen
 
 
 def _tells_orders_apart(experts, n_experts, ep):
@@ -82,9 +105,11 @@ def _tells_orders_apart(experts, n_experts, ep):
     return False
 
 
-def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout):
+def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout, wide=False):
     __tracebackhide__ = True
-    xs, experts, n_experts = _draw_case(ep, rng, idle_rank)
+    xs, experts, n_experts = _draw_case(ep, rng, idle_rank, wide)
+    must = _rows_from_others(xs, experts, n_experts)
+    received = {}  # {rank: bytes}, counted by the kernel
     where = (f"dispatch_to_experts on {ep} ranks, E={n_experts}, x: "
              f"{str(xs[0].dtype).removeprefix('torch.')} rows of {xs[0].size(1)}")
     outcomes = run_on_ranks(dispatch_to_experts, [(x, e, n_experts) for x, e in zip(xs, experts)],
@@ -92,7 +117,7 @@ def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout):
                             forbid=tuple(c for c in COLLECTIVES if c not in ALLOWED),
                             why_forbidden=WHY_ALL_TO_ALL, harness=dispatch_in_rank,
                             guard=ANSWERS.in_rank, timeout=timeout,
-                            receives=_rows_from_others(xs, experts, n_experts))
+                            receives=must, received=received)
     for r, ((got, sent), (x_after, e_after, _)) in enumerate(outcomes):
         if not (torch.equal(x_after, xs[r]) and torch.equal(e_after, experts[r])):
             fail(where, r, "changed its x or experts in place: the caller still needs them",
@@ -105,6 +130,9 @@ def _check_case(dispatch_to_experts, ep, rng, idle_rank, timeout):
                            f"8 · E = {8 * n_experts}: a rank sends each of its rows once, to "
                            "the rank that holds the row's expert, not to every rank",
                  DISPATCH_HINT)
+    # beyond the rows, the counts (E int64 at most from each peer) and a few messages' headers
+    expect_received_at_most(received, [rows + (8 * n_experts + HEADER_ROOM) * (ep - 1)
+                                       for rows in must], where, DISPATCH_HINT)
 
 
 def _rows_from_others(xs, experts, n_experts):
