@@ -33,7 +33,8 @@ def translate(args):
     import os
     from pathlib import Path
 
-    from dlcourse.i18n import build, catalog
+    from dlcourse import translate as build
+    from dlcourse.i18n import catalog
 
     name = f"dlcourse translate {args.action}"
     notebooks = [Path(p) for p in args.notebooks] or catalog.translated_notebooks(".", args.lang)

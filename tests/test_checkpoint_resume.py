@@ -4,7 +4,7 @@ a run that never stopped, with lesson 10's divergence finder naming where a forg
 import pytest
 
 from dlcourse.checkpoint import PIECES
-from dlcourse.checkpoint.forgetting import resume_divergences
+from dlcourse.debug.forgetting import resume_divergences
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ import pytest
 from dlcourse import cli, i18n
 from dlcourse.checks import hints
 from dlcourse.checks.core.stubs import not_written
-from dlcourse.i18n.build import hints_of
-from dlcourse.i18n import build, catalog
+from dlcourse import translate as build
+from dlcourse.i18n import catalog
+from dlcourse.translate import hints_of
 
 COURSE = Path(__file__).resolve().parent.parent
 TRANSLATED = catalog.translated_notebooks(COURSE)

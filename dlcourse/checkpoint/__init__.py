@@ -3,7 +3,6 @@ state saved by one layout and loaded by another, a rank killed and the run resum
 
     run.py       the run lesson 11 interrupts: TP GPT with dropout, AdamW, LR schedule, data stream
     resume.py    resume_state / restore: what a resume needs
-    forgetting.py lesson 10's finder naming where a resume that forgets a piece parts
     files.py     a checkpoint folder that is whole or absent: write, then commit by one rename
     boxes.py     which part of a whole tensor a shard holds (offsets, sizes), and their overlap
     sharded.py   each rank writes its pieces, one metadata file; any layout loads from it

@@ -12,7 +12,7 @@
     tracker      this rank's "tensor-parallel" stream (04)      draws other attention-dropout masks
     data         the data stream's (epoch, index)               trains on batches it has seen
 
-What forgetting each piece does, named by lesson 10's divergence finder: `forgetting.py`.
+What forgetting each piece does, named by lesson 10's divergence finder: `debug/forgetting.py`.
 """
 
 import torch

@@ -7,6 +7,7 @@ a parallel run parts from one process, and the call on which ranks stop agreeing
     divergence.py  `find_divergence`: both runs, compared, the first gap and its ranks
     bugs.py        the catalogue: real bugs, each a patch on the course's correct code
     hang.py        `CommTrace` per rank and `find_hang`: the first collective ranks disagree on
+    forgetting.py  lesson 11's resume with pieces forgotten, each gap named by the finder
 """
 
 from dlcourse.debug.divergence import (Divergence, Report, find_divergence, find_divergences,

@@ -1,8 +1,10 @@
-"""The Chinese edition (lessons and exercises 00-07 so far): catalogues, build, language.
+"""The Chinese edition (lessons and exercises 00-07 so far): catalogues and language.
 
 - `catalog.py`: one gettext `.po` catalogue per notebook, `zh/lessons/NN_topic.po` and
   `zh/exercises/NN_topic.po`, keyed by the English markdown cells and hint levels.
-- `build.py`: `dlcourse translate build` writes `lessons/zh/` and `exercises/zh/`.
+- `dlcourse/translate.py` (the translator's tool, outside this package because it reads the
+  checks' hint tables, and graded kernels import this package): `dlcourse translate build`
+  writes `lessons/zh/` and `exercises/zh/`.
 - `zh/glossary.md`: one Chinese term per English one, and the alternatives not to write.
 
 After an English edit: `dlcourse translate update` (new cells come in untranslated, changed ones

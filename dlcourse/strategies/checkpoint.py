@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from dlcourse.strategies.trainer import RowResult
+
 STEPS, EVERY, KILL = 7, 3, (1, 5)  # checkpoints after steps 3 and 6; rank 1 dies before step 6
 RANKS = 2  # RunConfig's tensor-parallel size
 
@@ -28,7 +30,6 @@ def kill_row(cfg=None, forget=()):
     from dlcourse.checkpoint.failures import run_with_restarts
     from dlcourse.checkpoint.files import latest
     from dlcourse.checkpoint.run import RunConfig
-    from dlcourse.tour.rows import RowResult
 
     with tempfile.TemporaryDirectory(prefix="dlcourse_kill_row_") as root:
         start = time.perf_counter()

@@ -102,3 +102,22 @@ def mean_loss(loss, cfg):
 def rank_of(group):
     """(this rank's index in `group`, the group's size): a Trainer's dp or tp."""
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+@dataclass
+class RowResult:
+    """What a row of `dlcourse tour` reports for one strategy on one rank (the runner's,
+    `tour/rows.py`, or an entry's `own_job`)."""
+
+    loss: float  # loss of the last step
+    params: dict  # name -> full parameter tensor after training (on CPU), for the comparison
+    state_bytes: int  # parameters + gradients + optimizer state held by this rank
+    comm_bytes: int | None  # bytes this rank's collectives moved per step; None if not counted
+    step_time: float | None  # median seconds per step (None: not timed step by step)
+    # the most activation bytes autograd held at once in one step (lesson 01's SavedTensorLog),
+    # the batch not counted; None where the strategy's parameters are beyond that log
+    activation_bytes: int | None = None
+    # one process's parameters for a strategy that trains another model than the tour's GPT
+    # (interleaved 1F1B's deeper GPT, the MoE GPT): compared with this instead of the reference's
+    reference: dict | None = None
+    note: str = ""  # what the table's columns cannot say (a row of its own job: restarts, launches)

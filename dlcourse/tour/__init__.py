@@ -21,7 +21,8 @@ import dlcourse
 from dlcourse import backends
 from dlcourse.memory import count_params
 from dlcourse.strategies import MATCH_TOLERANCE, STRATEGIES, NeedsRanks, TourConfig
-from dlcourse.tour.rows import RowResult, run_rows, train_reference
+from dlcourse.strategies.trainer import RowResult
+from dlcourse.tour.rows import run_rows, train_reference
 
 REFERENCE = "single process (reference)"
 ROWS = [s for s in STRATEGIES if s.tour]

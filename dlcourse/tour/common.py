@@ -1,8 +1,8 @@
 """The names lesson 07 (`lessons/07_combining.ipynb`) and the tests import from the tour: its
 configuration, the result a row returns and the tolerance rows are judged by. They live in the
-catalogue (`dlcourse.strategies`) and the tour's row runner (`rows.py`)."""
+catalogue (`dlcourse.strategies`)."""
 
 from dlcourse.strategies.config import MATCH_TOLERANCE, TourConfig
-from dlcourse.tour.rows import RowResult
+from dlcourse.strategies.trainer import RowResult
 
 __all__ = ["MATCH_TOLERANCE", "RowResult", "TourConfig"]

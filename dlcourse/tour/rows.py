@@ -5,30 +5,12 @@ run here: the tour calls its `own_job` after that job, in launches of its own.""
 
 import statistics
 import time
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
 from dlcourse.models import lm_loss
 from dlcourse.parallel.tensor.activations import measure_activations
-from dlcourse.strategies.trainer import cpu_params, held_bytes, mean_loss
-
-
-@dataclass
-class RowResult:
-    loss: float  # loss of the last step
-    params: dict  # name -> full parameter tensor after training (on CPU), for the comparison
-    state_bytes: int  # parameters + gradients + optimizer state held by this rank
-    comm_bytes: int | None  # bytes this rank's collectives moved per step; None if not counted
-    step_time: float | None  # median seconds per step (None: not timed step by step)
-    # the most activation bytes autograd held at once in one step (lesson 01's SavedTensorLog),
-    # the batch not counted; None where the strategy's parameters are beyond that log
-    activation_bytes: int | None = None
-    # one process's parameters for a strategy that trains another model than the tour's GPT
-    # (interleaved 1F1B's deeper GPT, the MoE GPT): compared with this instead of the reference's
-    reference: dict | None = None
-    note: str = ""  # what the table's columns cannot say (a row of its own job: restarts, launches)
+from dlcourse.strategies.trainer import RowResult, cpu_params, held_bytes, mean_loss
 
 
 def run_rows(strategies, cfg):

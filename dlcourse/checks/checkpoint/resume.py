@@ -11,7 +11,7 @@ and sends the state back through torch.save / torch.load (`in_rank.saved_in_rank
 its processes are gone. A second job, the check's own, fresh processes, records on each rank the
 trace of the same run never stopped, starts the run afresh, puts the rank's state back with this
 check's own `_put_back`, trains 2 more steps and compares them with the trace through lesson
-10's finder (`checkpoint.forgetting.compare_runs`). Nothing but the returned state crosses from
+10's finder (`debug.forgetting.compare_runs`). Nothing but the returned state crosses from
 the student's job to the check's. The first gap names what was missing: each piece shows at its
 own place, and on the ranks that lack it. Under `dlcourse grade` the student's ranks have none
 of the lesson's answers (`answers.ANSWERS`: `resume.py`, `files.py`, ...) and none of these
@@ -21,7 +21,7 @@ checks but `in_rank.py`.
 import torch
 
 import dlcourse
-from dlcourse.checkpoint.forgetting import compare_runs, first_divergence, record_run
+from dlcourse.debug.forgetting import compare_runs, first_divergence, record_run
 from dlcourse.checkpoint.run import RunConfig, TrainRun, trained
 from dlcourse.checks.checkpoint.answers import ANSWERS
 from dlcourse.checks.checkpoint.in_rank import saved_in_rank

@@ -1,5 +1,6 @@
 """Build `lessons/zh/NN_topic.ipynb` and `exercises/zh/NN_topic.ipynb` from the English
-notebook and its catalogue (`dlcourse translate build`).
+notebook and its catalogue (`dlcourse translate build`), and bring the catalogues in step with
+the English (`dlcourse translate update`); the catalogues themselves are `dlcourse/i18n/`'s.
 
 Markdown cells are the catalogue's translations; code cells, their saved outputs and every
 cell id are copied from the English notebook at build time, so an English edit to code is

@@ -4,8 +4,9 @@
 `resume_divergences` runs lesson 11's run twice on real ranks, once uninterrupted and once saved
 after k steps and restored into a fresh run with some pieces forgotten (`resume.restore`), and
 hands both to the finder (`debug.divergence.record`, `debug.compare.compare_trace`), which names
-the first tensor where they part. Apart from `resume.py` so that what a resume needs (which the
-tour's kill-and-resume row uses) does not import the finder, which reads the tour's catalogue.
+the first tensor where they part. It lives with the finder, not beside `checkpoint/resume.py`:
+what a resume needs (which the tour's kill-and-resume row uses) sits below the catalogue of
+strategies, and the finder, which reads that catalogue, above it.
 """
 
 import re
