@@ -191,10 +191,10 @@ def looking_for(modules):
 SETS = {
     "04": (check_column_parallel_linear, ("dlcourse.parallel.tensor",
                                           "dlcourse.checks.tensor.linear")),
-    "01": (check_zero_model_state, ("dlcourse.memory", "dlcourse.checks.memory.formulas")),
+    "01": (check_zero_model_state, ("dlcourse.memory", "dlcourse.checks.memory.zero_model_state")),
     # the cost exercise keeps the fallback (`checks/collectives/time.py`: TIME_ANSWERS)
     "02": (check_ring_all_gather, ("dlcourse.checks.collectives.rings",
-                                   "dlcourse.checks.collectives.ring_checks")),
+                                   "dlcourse.checks.collectives.ring_all_gather")),
     "03": (check_all_reduce_buckets, ("dlcourse.parallel.data", "dlcourse.checks.data.buckets",
                                       "dlcourse.checks.data.replicas")),
     # its ranks wrap the model in the lesson's DataParallel: train_step refused there, the

@@ -31,7 +31,7 @@ def schedule_by_the_key(rank, n_stages, n_micro):
 
 
 def bubble_by_the_key(n_stages, n_micro):
-    from dlcourse.checks.pipeline.basics import _simulated_bubble
+    from dlcourse.checks.pipeline.bubble_fraction import _simulated_bubble
     return _simulated_bubble(n_stages, n_micro)
 
 
@@ -54,12 +54,12 @@ def test_schedule_1f1b_refuses_the_checks_one_f_one_b():
 
 def test_bubble_fraction_refuses_the_checks_simulator():
     first, _ = first_line_and_hint(check_bubble_fraction, bubble_by_the_key)
-    says = f"called _simulated_bubble from dlcourse.checks.pipeline.basics, {NOT_ALLOWED}"
+    says = f"called _simulated_bubble from dlcourse.checks.pipeline.bubble_fraction, {NOT_ALLOWED}"
     assert says in first, first
 
 
 def test_the_keys_work_again_after_a_check():
-    from dlcourse.checks.pipeline.basics import _simulated_bubble
+    from dlcourse.checks.pipeline.bubble_fraction import _simulated_bubble
     from dlcourse.checks.pipeline.schedules import one_f_one_b
     first_line_and_hint(check_bubble_fraction, bubble_by_the_key)
     assert abs(_simulated_bubble(2, 2) - 1 / 3) < 1e-12  # (p - 1) / (m + p - 1)
