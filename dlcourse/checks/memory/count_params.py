@@ -60,9 +60,9 @@ def check_count_params(count_gpt_params, *, rng):
         expected = sum(p.numel() for p in GPT(config).parameters())  # a tied weight: once
         where = f"count_gpt_params({_describe_config(config)})"
         got = answer(count_gpt_params, (config,), exercise="count_gpt_params", where=where,
-                      forbidden=(count_params, param_shapes, spec_params),
-                      why="count Ψ from the config yourself, as you would for a model too big "
-                          "to build")
+                     forbidden=(count_params, param_shapes, spec_params),
+                     why="count Ψ from the config yourself, as you would for a model too big "
+                         "to build")
         expect_number(got, where=where, unit="parameters", hint=COUNT_HINT)
         if got != expected:
             off = got - expected

@@ -40,9 +40,9 @@ def check_mlp_activations(mlp_activation_bytes, *, rng):
         where = (f"mlp_activation_bytes(batch={batch}, seq_len={seq_len}, hidden={hidden}, "
                  f"dropout={dropout}, dtype={dtype})")
         got = answer(mlp_activation_bytes, args, exercise="mlp_activation_bytes", where=where,
-                      forbidden=(SavedTensorLog, measure_step, gpt_saved_tensors,
-                                 estimate_gpt_step),
-                      why="predict the bytes from the shapes; measuring them is the check's job")
+                     forbidden=(SavedTensorLog, measure_step, gpt_saved_tensors,
+                                estimate_gpt_step),
+                     why="predict the bytes from the shapes; measuring them is the check's job")
         expect_number(got, where=where, unit="bytes", hint=MLP_HINT)
         expected = _measure_mlp_block(*args)
         if got != expected:

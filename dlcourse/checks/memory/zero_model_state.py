@@ -47,8 +47,8 @@ def check_zero_model_state(zero_model_state, *, rng):
         where = (f"zero_model_state(n_params={n_params:,}, dp={dp}, zero_stage={stage}, "
                  f"mixed_precision={mixed})")
         got = answer(zero_model_state, (n_params, dp, stage, mixed), exercise="zero_model_state",
-                      where=where, forbidden=(model_state_bytes,),
-                      why="write ZeRO's accounting yourself; the lesson's function is its answer")
+                     where=where, forbidden=(model_state_bytes,),
+                     why="write ZeRO's accounting yourself; the lesson's function is its answer")
         got = _as_parts(got, where)
         expected = model_state_bytes(n_params, dp=dp, zero_stage=stage, mixed_precision=mixed)
         for part in PARTS:
