@@ -1,13 +1,13 @@
 """Lesson 04, exercise 1 (`exercises/04_tensor_parallel.ipynb`): `check_column_parallel_linear`,
 W cut by rows and the outputs all-gathered, on 2, 3 and 4 real ranks against one process's
-`nn.Linear` (`layers.run_linear_cases`); a wrong output is named by the mistake that gives it.
+`nn.Linear` (`layers.run_linear`); a wrong output is named by the mistake that gives it.
 """
 
 import torch
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, fresh_cases
 from dlcourse.checks.tensor.in_rank import column_in_rank
-from dlcourse.checks.tensor.layers import bias_of, close, run_linear_cases, shards
+from dlcourse.checks.tensor.layers import bias_of, close, run_linear, shards
 
 
 COLUMN_HINT = ("y_r = x @ weight.T + bias is this rank's out/t output features; all-gather the "
@@ -20,9 +20,9 @@ def check_column_parallel_linear(column_parallel_linear, timeout=CHECK_TIMEOUT_S
     """column_parallel_linear(x, weight, bias, group): x (..., in) whole on every rank, weight
     this rank's rows (out/t, in) of W, bias its (out/t,) of b or None -> the whole (..., out)."""
     __tracebackhide__ = True
-    run_linear_cases(column_parallel_linear, "column_parallel_linear", rng, timeout, split="out",
-                     no_bias=1, pieces=_column_pieces, harness=column_in_rank, hint=COLUMN_HINT,
-                     mistake=_column_hint)
+    run_linear(column_parallel_linear, "column_parallel_linear", rng, timeout, split="out",
+               no_bias=1, pieces=_column_pieces, harness=column_in_rank, hint=COLUMN_HINT,
+               mistake=_column_hint)
     print("column_parallel_linear: passed on 3 cases drawn afresh (2, 3 and 4 ranks; "
           "with and without bias; 1 and 2 leading dims), equal to nn.Linear on every rank")
 

@@ -61,8 +61,7 @@ def capital(text):
     return text[:1].upper() + text[1:]
 
 
-def run_linear_cases(fn, exercise, rng, timeout, split, no_bias, pieces, harness, hint,
-                     mistake):
+def run_linear(fn, exercise, rng, timeout, split, no_bias, pieces, harness, hint, mistake):
     """The column and row checks: a layer drawn on each of 2, 3 and 4 ranks (cut along its
     `split` features; the `no_bias`-th without a bias), rank r sent `pieces(linear, x, tp)[r]`
     only, and every rank's output equal to the whole layer's; `mistake` names the one a wrong
@@ -83,8 +82,7 @@ def bias_of(linear):
     return None if linear.bias is None else linear.bias.detach()
 
 
-def run_operator_cases(fn, name, rng, timeout, *, split, harness, rank_shards, hint, expect,
-                       what):
+def run_operator(fn, name, rng, timeout, *, split, harness, rank_shards, hint, expect, what):
     """f's and g's checks: a layer without bias drawn on each of 2, 3 and 4 ranks (cut along its
     `split` features), its gradients from one process's backward of (layer(x) * upstream).sum(),
     rank r sent `rank_shards(x, linear, upstream, tp)[r]` only, and every rank's (output,

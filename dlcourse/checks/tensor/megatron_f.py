@@ -1,12 +1,11 @@
 """Lesson 04, exercise 3 (`exercises/04_tensor_parallel.ipynb`): `check_f`, Megatron's f as an
 autograd Function (the identity forward, the all-reduce of x's gradient backward), run on 2, 3
-and 4 real ranks forward and backward against one process's nn.Linear
-(`layers.run_operator_cases`).
+and 4 real ranks forward and backward against one process's nn.Linear (`layers.run_operator`).
 """
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_tensor, fail, fresh_cases
 from dlcourse.checks.tensor.in_rank import f_in_rank
-from dlcourse.checks.tensor.layers import TOL, TOLERANCE, close, run_operator_cases, shards
+from dlcourse.checks.tensor.layers import TOL, TOLERANCE, close, run_operator, shards
 
 
 F_HINT = ("forward returns x unchanged (x.view_as(x)) and keeps the group in ctx; backward "
@@ -19,10 +18,9 @@ def check_f(f_function, timeout=CHECK_TIMEOUT_S, *, rng):
     """f_function: an autograd Function, `f_function.apply(x, group)`: x on the way into a
     column-parallel layer; forward the identity, backward the all-reduce of the gradient."""
     __tracebackhide__ = True
-    run_operator_cases(f_function, "f", rng, timeout, split="out",  # f enters a column layer
-                       harness=f_in_rank, rank_shards=_f_shards, hint=F_HINT,
-                       expect=_expect_f, what="the identity forward, x's gradient summed over "
-                                              "the ranks backward")
+    run_operator(f_function, "f", rng, timeout, split="out",  # f enters a column layer
+                 harness=f_in_rank, rank_shards=_f_shards, hint=F_HINT, expect=_expect_f,
+                 what="the identity forward, x's gradient summed over the ranks backward")
 
 
 def _f_shards(x, linear, upstream, tp):

@@ -1,12 +1,11 @@
 """Lesson 04, exercise 4 (`exercises/04_tensor_parallel.ipynb`): `check_g`, Megatron's g as an
 autograd Function (the all-reduce of the partial outputs forward, the identity backward), run on
-2, 3 and 4 real ranks forward and backward against one process's nn.Linear
-(`layers.run_operator_cases`).
+2, 3 and 4 real ranks forward and backward against one process's nn.Linear (`layers.run_operator`).
 """
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_tensor, fail, fresh_cases
 from dlcourse.checks.tensor.in_rank import g_in_rank
-from dlcourse.checks.tensor.layers import TOL, TOLERANCE, close, run_operator_cases, shards
+from dlcourse.checks.tensor.layers import TOL, TOLERANCE, close, run_operator, shards
 
 
 G_HINT = ("forward all-reduces (a clone of) x over the group and returns the sum; backward "
@@ -24,10 +23,9 @@ def check_g(g_function, timeout=CHECK_TIMEOUT_S, *, rng):
     """g_function: an autograd Function, `g_function.apply(x, group)`: the partial outputs of a
     row-parallel layer; forward their all-reduce, backward the identity."""
     __tracebackhide__ = True
-    run_operator_cases(g_function, "g", rng, timeout, split="in",  # g leaves a row layer
-                       harness=g_in_rank, rank_shards=_g_shards, hint=G_HINT,
-                       expect=_expect_g, what="the sum of the partial outputs forward, the "
-                                              "gradient unchanged backward")
+    run_operator(g_function, "g", rng, timeout, split="in",  # g leaves a row layer
+                 harness=g_in_rank, rank_shards=_g_shards, hint=G_HINT, expect=_expect_g,
+                 what="the sum of the partial outputs forward, the gradient unchanged backward")
 
 
 def _g_shards(x, linear, upstream, tp):

@@ -1,11 +1,11 @@
 """Lesson 04, exercise 2 (`exercises/04_tensor_parallel.ipynb`): `check_row_parallel_linear`, W
 cut by columns, the partial sums all-reduced and the bias added once, on 2, 3 and 4 real ranks
-against one process's `nn.Linear` (`layers.run_linear_cases`).
+against one process's `nn.Linear` (`layers.run_linear`).
 """
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, fresh_cases
 from dlcourse.checks.tensor.in_rank import row_in_rank
-from dlcourse.checks.tensor.layers import bias_of, close, run_linear_cases, shards
+from dlcourse.checks.tensor.layers import bias_of, close, run_linear, shards
 
 
 ROW_HINT = ("take this rank's slice of x's last dim (x.chunk(t, dim=-1)[rank]), multiply it by "
@@ -18,9 +18,9 @@ def check_row_parallel_linear(row_parallel_linear, timeout=CHECK_TIMEOUT_S, *, r
     """row_parallel_linear(x, weight, bias, group): x (..., in) whole on every rank, weight this
     rank's columns (out, in/t) of W, bias the whole (out,) b or None -> the whole (..., out)."""
     __tracebackhide__ = True
-    run_linear_cases(row_parallel_linear, "row_parallel_linear", rng, timeout, split="in",
-                     no_bias=2, pieces=_row_pieces, harness=row_in_rank, hint=ROW_HINT,
-                     mistake=_row_hint)
+    run_linear(row_parallel_linear, "row_parallel_linear", rng, timeout, split="in",
+               no_bias=2, pieces=_row_pieces, harness=row_in_rank, hint=ROW_HINT,
+               mistake=_row_hint)
     print("row_parallel_linear: passed on 3 cases drawn afresh (2, 3 and 4 ranks; "
           "with and without bias), equal to nn.Linear on every rank, the bias added once")
 
