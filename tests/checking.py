@@ -19,6 +19,15 @@ def first_line_and_hint(check, *fns, **kwargs):
     return first, rest.partition("Hint: ")[2]
 
 
+def fails_on_a_case(check, answer, case, says="", hint=""):
+    """check(answer) fails with a first line that starts with `case` (the case it names) and
+    holds `says`, and a hint that holds `hint`; returns (first line, hint)."""
+    first, got_hint = first_line_and_hint(check, answer)
+    assert first.startswith(case) and says in first, first
+    assert hint in got_hint, got_hint
+    return first, got_hint
+
+
 def starts(first, says):
     """first starts with says, where "rank ?" in says stands for any rank: when every rank
     fails alike, the message names the first to fail, whichever that is."""

@@ -196,14 +196,15 @@ def looking_for(modules):
 # lesson 10's finders (its catalogue's runs are in the rank, refused there: `debug.answers.ANSWERS`).
 SETS = {
     "04": (check_column_parallel_linear, ("dlcourse.parallel.tensor",
-                                          "dlcourse.checks.tensor.linear")),
-    "01": (check_zero_model_state, ("dlcourse.memory", "dlcourse.checks.memory.formulas")),
+                                          "dlcourse.checks.tensor.column_parallel_linear")),
+    "01": (check_zero_model_state, ("dlcourse.memory", "dlcourse.checks.memory.zero_model_state")),
     "02": (check_ring_all_gather, ("dlcourse.checks.collectives.rings",
-                                   "dlcourse.checks.collectives.ring_checks")),
+                                   "dlcourse.checks.collectives.ring_all_gather")),
     # the counter, which core and the rings import, without the alpha-beta model (`bus.py`)
     "02 cost": (check_all_reduce_time, ("dlcourse.collectives.cost",
                                         "dlcourse.checks.collectives.time")),
-    "03": (check_all_reduce_buckets, ("dlcourse.parallel.data", "dlcourse.checks.data.buckets",
+    "03": (check_all_reduce_buckets, ("dlcourse.parallel.data",
+                                      "dlcourse.checks.data.all_reduce_buckets",
                                       "dlcourse.checks.data.replicas")),
     # its ranks wrap the model in the lesson's DataParallel: train_step refused there, the
     # checks' modules absent
@@ -212,7 +213,7 @@ SETS = {
     "05": (check_zero_step, ("dlcourse.parallel.zero", "dlcourse.checks.zero.cases",
                              "dlcourse.checks.zero.steps")),
     "05 bytes": (check_zero_bytes_per_rank, ("dlcourse.memory", "dlcourse.parallel.zero",
-                                             "dlcourse.checks.zero.shards")),
+                                             "dlcourse.checks.zero.zero_bytes_per_rank")),
     "06": (check_bubble_fraction, ("dlcourse.parallel.pipeline",
                                    "dlcourse.checks.pipeline.schedules")),
     "07": (check_first_stage_activation_bytes, (

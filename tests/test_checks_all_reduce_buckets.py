@@ -1,6 +1,6 @@
 """Lesson 03's check of all_reduce_buckets, and what every lesson-03 check does with an unwritten,
-misused or hanging function (`dlcourse/checks/data/buckets.py`): the solutions pass, and the
-wrong answers students write fail with a message naming the case, the rank, the parameter,
+misused or hanging function (`dlcourse/checks/data/all_reduce_buckets.py`): the solutions pass, and
+the wrong answers students write fail with a message naming the case, the rank, the parameter,
 expected vs got, and a hint that says which mistake it was."""
 
 import pytest

@@ -20,7 +20,7 @@ def shard_by_the_key(params, group):
 
 
 def bytes_by_the_key(n_params, world_size, stage, mixed_precision):
-    from dlcourse.checks.zero.shards import STAGE_PARTS, measured_bytes
+    from dlcourse.checks.zero.zero_bytes_per_rank import STAGE_PARTS, measured_bytes
     return {part: measured_bytes(n_params, world_size, part, part in STAGE_PARTS[stage],
                                  mixed_precision) for part in ("params", "grads", "optimizer")}
 
@@ -31,7 +31,7 @@ def schedule_by_the_key(rank, n_stages, n_micro):
 
 
 def bubble_by_the_key(n_stages, n_micro):
-    from dlcourse.checks.pipeline.basics import _simulated_bubble
+    from dlcourse.checks.pipeline.bubble_fraction import _simulated_bubble
     return _simulated_bubble(n_stages, n_micro)
 
 
@@ -43,7 +43,8 @@ def test_shard_of_refuses_the_checks_padded_shard():
 
 def test_zero_bytes_per_rank_refuses_the_checks_measured_bytes():
     first, _ = first_line_and_hint(check_zero_bytes_per_rank, bytes_by_the_key)
-    assert f"called measured_bytes from dlcourse.checks.zero.shards, {NOT_ALLOWED}" in first, first
+    says = f"called measured_bytes from dlcourse.checks.zero.zero_bytes_per_rank, {NOT_ALLOWED}"
+    assert says in first, first
 
 
 def test_schedule_1f1b_refuses_the_checks_one_f_one_b():
@@ -54,12 +55,12 @@ def test_schedule_1f1b_refuses_the_checks_one_f_one_b():
 
 def test_bubble_fraction_refuses_the_checks_simulator():
     first, _ = first_line_and_hint(check_bubble_fraction, bubble_by_the_key)
-    says = f"called _simulated_bubble from dlcourse.checks.pipeline.basics, {NOT_ALLOWED}"
+    says = f"called _simulated_bubble from dlcourse.checks.pipeline.bubble_fraction, {NOT_ALLOWED}"
     assert says in first, first
 
 
 def test_the_keys_work_again_after_a_check():
-    from dlcourse.checks.pipeline.basics import _simulated_bubble
+    from dlcourse.checks.pipeline.bubble_fraction import _simulated_bubble
     from dlcourse.checks.pipeline.schedules import one_f_one_b
     first_line_and_hint(check_bubble_fraction, bubble_by_the_key)
     assert abs(_simulated_bubble(2, 2) - 1 / 3) < 1e-12  # (p - 1) / (m + p - 1)

@@ -1,4 +1,4 @@
-"""Lesson 07's check of axis_groups (`dlcourse/checks/combine/grid.py`): the solutions and
+"""Lesson 07's check of axis_groups (`dlcourse/checks/combine/axis_groups.py`): the solutions and
 correct answers written other ways pass; the wrong answers students write fail with a message
 naming the case, the rank and a hint that says which mistake it was. Every run draws new cases,
 so each wrong answer here fails on whatever is drawn."""

@@ -1,8 +1,8 @@
-"""Lesson 06's check of bubble_fraction (`dlcourse/checks/pipeline/basics.py`): the solutions and
-correct answers written other ways pass; the wrong answers students write fail with a message
-naming the case, the rank and a hint that says which mistake it was. Every run draws new cases,
-so each wrong answer here fails on whatever is drawn. A table of one run's answers fails on the
-next."""
+"""Lesson 06's check of bubble_fraction (`dlcourse/checks/pipeline/bubble_fraction.py`): the
+solutions and correct answers written other ways pass; the wrong answers students write fail with a
+message naming the case, the rank and a hint that says which mistake it was. Every run draws new
+cases, so each wrong answer here fails on whatever is drawn. A table of one run's answers fails on
+the next."""
 
 import types
 from fractions import Fraction

@@ -1,7 +1,7 @@
-"""Lesson 04's check of column_parallel_linear (`dlcourse/checks/tensor/linear.py`): the
-solutions and correct answers written other ways pass; the wrong answers students write fail
-with a message naming the case, the rank and a hint that says which mistake it was. Every run
-draws new cases, so each wrong answer here fails on whatever is drawn."""
+"""Lesson 04's check of column_parallel_linear (`dlcourse/checks/tensor/column_parallel_linear.py`):
+the solutions and correct answers written other ways pass; the wrong answers students write fail
+with a message naming the case, the rank and a hint that says which mistake it was. Every run draws
+new cases, so each wrong answer here fails on whatever is drawn."""
 
 import pytest
 import torch

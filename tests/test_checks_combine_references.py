@@ -7,7 +7,9 @@ import math
 import pytest
 
 from checking import first_line_and_hint
-from dlcourse.checks.combine import grid as combining
+from dlcourse.checks.combine.axis_groups import reference_groups
+from dlcourse.checks.combine.grids import reference_coords
+from dlcourse.checks.combine.step_collectives import reference_collectives
 from dlcourse.checks.combine import (check_cost_per_million_tokens, check_grid_state_bytes,
                                      check_rank_coords)
 from dlcourse.memory import model_state_bytes
@@ -27,10 +29,10 @@ def test_the_grid_reference_agrees_with_the_lessons_rank_grid():
             continue
         for order in itertools.permutations(("pp", "dp", "tp")):
             grid = RankGrid(**sizes, order=order)
-            coords = combining.reference_coords(sizes, order)
+            coords = reference_coords(sizes, order)
             assert coords == [grid.coords(r) for r in range(grid.world_size)]
             for axis in ("pp", "dp", "tp"):
-                assert combining.reference_groups(sizes, order, axis) == \
+                assert reference_groups(sizes, order, axis) == \
                     sorted(grid.axis_groups(axis))
 
 
@@ -70,7 +72,7 @@ def test_the_collectives_reference_is_what_combine_issues():
     for name, (dp, tp, pp, zero, sp, _) in MEASURED.items():
         measured = {axis: set().union(*(r[name][axis] for r in per_rank))
                     for axis in ("pp", "dp", "tp")}  # what the axis's groups ran, all ranks
-        assert measured == combining.reference_collectives(dp, tp, pp, zero, sp), name
+        assert measured == reference_collectives(dp, tp, pp, zero, sp), name
 
 
 # --- issue 17: the determined student --------------------------------------------------------

@@ -1,5 +1,6 @@
 """Lesson 03's check of broadcast_parameters and data_parallel_step
-(`dlcourse/checks/data/steps.py`): the solutions pass, and the wrong answers students write
+(`dlcourse/checks/data/broadcast_parameters.py`,
+`data_parallel_step.py`): the solutions pass, and the wrong answers students write
 fail with a message naming the case, the rank, the parameter, expected vs got, and a hint that
 says which mistake it was."""
 

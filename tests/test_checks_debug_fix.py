@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from checking import first_line_and_hint
+from checking import fails_on_a_case, first_line_and_hint
 from dlcourse.checks.debug import check_sync_sequence_parallel_grads
 
 
@@ -75,20 +75,19 @@ def test_fixes_pass(answer, capsys):
     (rank_zeros_broadcast, "gradient of", "saw only this rank's tokens"),
 ])
 def test_wrong_fixes_fail(answer, says, hint):
-    first, got_hint = first_line_and_hint(check_sync_sequence_parallel_grads, answer)
-    assert first.startswith("sync_sequence_parallel_grads on ") and says in first, first
-    assert hint in got_hint, got_hint
+    fails_on_a_case(check_sync_sequence_parallel_grads, answer, "sync_sequence_parallel_grads on ",
+                    says, hint)
 
 
 def test_a_fix_for_two_ranks_only_fails_on_three():
-    first, got_hint = first_line_and_hint(check_sync_sequence_parallel_grads, for_two_ranks_only)
-    assert first.startswith("sync_sequence_parallel_grads on 3 ranks"), first
+    fails_on_a_case(check_sync_sequence_parallel_grads, for_two_ranks_only,
+                    "sync_sequence_parallel_grads on 3 ranks")
 
 
 def test_the_lessons_all_reduce_is_refused():
-    first, _ = first_line_and_hint(check_sync_sequence_parallel_grads, with_the_lesson)
-    assert "called all_reduce_sequence_partial_grads from dlcourse.parallel.tensor.grads" \
-        in first, first
+    fails_on_a_case(check_sync_sequence_parallel_grads, with_the_lesson,
+                    "sync_sequence_parallel_grads on ", "called all_reduce_sequence_partial_grads "
+                    "from dlcourse.parallel.tensor.grads")
 
 
 SHARED = tempfile.mkdtemp(prefix="dlcourse-sp-side-")  # a folder every rank can read

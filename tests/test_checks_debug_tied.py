@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from checking import first_line_and_hint
+from checking import fails_on_a_case, first_line_and_hint
 from dlcourse.checks.debug import check_sync_tied_grads
 
 
@@ -99,19 +99,17 @@ def test_fixes_pass(answer, capsys):
     (first_copy_only, "step 2: ", "the last stage's copy (lm_head.weight) learnt otherwise"),
 ])
 def test_wrong_fixes_fail(answer, says, hint):
-    first, got_hint = first_line_and_hint(check_sync_tied_grads, answer)
-    assert first.startswith("sync_tied_grads on ") and says in first, first
-    assert hint in got_hint, got_hint
+    fails_on_a_case(check_sync_tied_grads, answer, "sync_tied_grads on ", says, hint)
 
 
 def test_a_fix_for_two_ranks_only_fails_on_three():
-    first, _ = first_line_and_hint(check_sync_tied_grads, for_two_ranks_only)
-    assert first.startswith("sync_tied_grads on 3 pipeline stages"), first
+    fails_on_a_case(check_sync_tied_grads, for_two_ranks_only,
+                    "sync_tied_grads on 3 pipeline stages")
 
 
 def test_the_lessons_exchange_is_refused():
-    first, _ = first_line_and_hint(check_sync_tied_grads, with_the_lesson)
-    assert "called sync_tied_grads from dlcourse.parallel.pipeline.stages" in first, first
+    fails_on_a_case(check_sync_tied_grads, with_the_lesson, "sync_tied_grads on ",
+                    "called sync_tied_grads from dlcourse.parallel.pipeline.stages")
 
 
 def rebuilt_from_the_lessons_file(stages, group):  # lesson 06's own, exec'd from its text

@@ -1,6 +1,7 @@
-"""Lesson 09, exercise 2 (`dlcourse/checks/expert/routing.py`): Switch's load-balance loss,
-value and gradient against a float64 reference, 1 at uniform routing. An answer written another
-way passes; each wrong one fails with the hint that names it; the lesson's loss is refused."""
+"""Lesson 09, exercise 2 (`dlcourse/checks/expert/load_balance_loss.py`): Switch's load-balance
+loss, value and gradient against a float64 reference, 1 at uniform routing. An answer written
+another way passes; each wrong one fails with the hint that names it; the lesson's loss is
+refused."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
-"""Lesson 09, exercise 1 (`dlcourse/checks/expert/routing.py`): top-k routing with capacity.
-The solution and answers written another way (numpy, Python lists, a loop) pass; the wrong
+"""Lesson 09, exercise 1 (`dlcourse/checks/expert/route_with_capacity.py`): top-k routing with
+capacity. The solution and answers written another way (numpy, Python lists, a loop) pass; the wrong
 answers students write fail with a message naming the case and a hint naming the mistake; the
 lesson's router is refused however it is reached. Cases are drawn afresh on every run."""
 

@@ -1,5 +1,5 @@
-"""Lesson 03's check of make_buckets (`dlcourse/checks/data/buckets.py`): the solutions pass, and
-the wrong answers students write fail with a message naming the case, the rank, the parameter,
+"""Lesson 03's check of make_buckets (`dlcourse/checks/data/make_buckets.py`): the solutions pass,
+and the wrong answers students write fail with a message naming the case, the rank, the parameter,
 expected vs got, and a hint that says which mistake it was."""
 
 import pytest

@@ -1,4 +1,5 @@
-"""Lesson 04's checks of Megatron's f and g (`dlcourse/checks/tensor/operators.py`): the
+"""Lesson 04's checks of Megatron's f and g (`dlcourse/checks/tensor/megatron_f.py`,
+`megatron_g.py`): the
 solutions and correct answers written other ways pass; the wrong answers students write fail
 with a message naming the case, the rank and a hint that says which mistake it was. Every run
 draws new cases, so each wrong answer here fails on whatever is drawn."""

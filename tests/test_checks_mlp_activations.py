@@ -1,6 +1,6 @@
-"""Lesson 01's check of mlp_activation_bytes (`dlcourse/checks/memory/formulas.py`): the solution
-passes, and the wrong answers students write fail with a message naming the case, expected vs
-got, and a hint."""
+"""Lesson 01's check of mlp_activation_bytes (`dlcourse/checks/memory/mlp_activations.py`): the
+solution passes, and the wrong answers students write fail with a message naming the case, expected
+vs got, and a hint."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Lesson 02's check of ring_all_gather (`dlcourse/checks/collectives/ring_checks.py`,
+"""Lesson 02's check of ring_all_gather (`dlcourse/checks/collectives/ring_all_gather.py`,
 `rings.py`) on real gloo ranks: the solution passes, and the wrong rings students write fail
 with the rank, the chunk, expected vs got and a hint."""
 

@@ -7,7 +7,7 @@ import pytest
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import dlcourse.checks.zero.shards as zero_checks
+import dlcourse.checks.zero.zero_bytes_per_rank as zero_checks
 from checking import first_line_and_hint
 from dlcourse.checks.zero import check_shard_of, check_zero_bytes_per_rank
 from test_checks_zero_bytes_per_rank import _bytes

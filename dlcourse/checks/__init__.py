@@ -9,8 +9,9 @@ never imports these, save the core's `verdict`; the library never imports them e
 Every set has one shape: `__init__.py` exports its `check_*`; `answers.py` declares `ANSWERS`,
 what the set refuses while a student's code runs (an exercise that refuses more or less says so
 beside its check, as `ANSWERS.but(...)`); `hints.py` holds `HINTS`, each exercise's hint levels;
-the check modules, and the references they share; where its checks run code on ranks,
-`in_rank.py`, the harnesses a graded rank loads alone (`ANSWERS.rank_side`).
+one module per exercise (a cell the student fills: a pair of functions written in one cell is
+one exercise), named after it, and the references and helpers they share; where its checks run
+code on ranks, `in_rank.py`, the harnesses a graded rank loads alone (`ANSWERS.rank_side`).
 
     core/             run_on_ranks, call_in_process, Submitted (ranks.py); @fresh_cases, the one
                       way to draw cases (cases.py); expect_tensor, fail (expect.py); Answers,
@@ -18,27 +19,35 @@ the check modules, and the references they share; where its checks run code on r
                       refuse.py, audit.py; communication.py: collectives and the c10d store
                       an exercise forbids); stubs.py; verdict.py (a submission
                       checked apart)
-    launch/           lesson 00, the worked example
-    memory/           lesson 01: formulas.py
-    collectives/      lesson 02: ring_checks.py, time.py, and rings.py (running a ring)
-    data/             lesson 03: steps.py, accumulate.py, buckets.py, and replicas.py (whole-batch
+    launch/           lesson 00, the worked example: gather_all.py, sum_to_rank0.py, cases.py
+    memory/           lesson 01: count_params.py, zero_model_state.py, mlp_activations.py, and
+                      calls.py (calling a formula, reading what it returned)
+    collectives/      lesson 02: ring_reduce_scatter.py, ring_all_gather.py, ring_all_reduce.py,
+                      time.py, rings.py (running a ring), cases.py (the ring's inputs)
+    data/             lesson 03: broadcast_parameters.py, data_parallel_step.py, make_buckets.py,
+                      all_reduce_buckets.py, accumulate.py, and replicas.py (whole-batch
                       references, weight comparisons that later lessons' checks reuse; the
                       models and gradient watches a rank needs are in its in_rank.py)
-    tensor/           lesson 04: linear.py, operators.py (f and g), qkv.py (the qkv shard),
-                      vocab.py (the vocabulary-parallel loss), sequence.py (sequence
-                      parallelism's pair and its LayerNorm gradients), cases.py (tp sizes drawn
+    tensor/           lesson 04: column_parallel_linear.py, row_parallel_linear.py,
+                      megatron_f.py, megatron_g.py, qkv.py (the qkv shard), vocab.py (the
+                      vocabulary-parallel loss), sequence_parallel.py (SP's pair),
+                      layernorm_grads.py; layers.py (the layer the first four draw and run),
+                      sequence_block.py (SP's block and reference), cases.py (tp sizes drawn
                       per run)
-    zero/             lesson 05: shards.py, steps.py (the sharded step), units.py (a stage-3
-                      unit), cases.py (cases drawn per run)
-    pipeline/         lesson 06: basics.py, schedules.py (the 1F1B list, run as a schedule),
-                      interleaved.py (an interleaved 1F1B list, simulated), loss.py, stages.py
-                      (the reference pipeline and its executor)
-    combine/          lesson 07: grid.py (the rank grid, the collectives of a grid), plan.py
-                      (the planner's cost and choice), pipeline.py, rules.py
+    zero/             lesson 05: shard_of.py, steps.py (the sharded step), units.py (a stage-3
+                      unit), zero_bytes_per_rank.py, cases.py (cases drawn per run)
+    pipeline/         lesson 06: stage_boundaries.py, exchange.py, loss.py, schedules.py (the
+                      1F1B list, run as a schedule), bubble_fraction.py, interleaved.py (an
+                      interleaved 1F1B list, simulated), stages.py (the reference pipeline and
+                      its executor)
+    combine/          lesson 07: rank_coords.py, axis_groups.py, step_collectives.py,
+                      grid_state_bytes.py, cost_per_million_tokens.py, best_layout.py,
+                      pipeline.py, rules.py; grids.py (the grids drawn), costs.py (a step's cost)
     context/          lesson 08: merge.py, zigzag.py, ring.py, ulysses.py, bytes.py,
                       reference.py
-    expert/           lesson 09: routing.py, permutation.py, dispatch.py, counting.py, bytes.py,
-                      reference.py
+    expert/           lesson 09: route_with_capacity.py, load_balance_loss.py, dispatch.py,
+                      counting.py, bytes.py, permutation.py; reference.py, cases.py (the
+                      router logits drawn)
     debug/            lesson 10: divergence.py, hang.py, fix.py, naming.py, tied.py, flight.py,
                       runs.py (the recorded runs), reference.py
     checkpoint/       lesson 11: resume.py, reshard.py, complete.py, interval.py

@@ -10,15 +10,17 @@ world size does not divide (and shorter than it), in float32 and float64, and co
 rank's result with torch's own collective on the same inputs. `rings.py` runs them and holds the
 student to a ring: send/recv only (torch's collectives and the course's own rings refused), to
 one neighbour and from the other, a chunk per step. A wrong chunk is named with what it holds
-instead, and what that says about the ring (`ring_checks.py`).
+instead, and what that says about the ring: one module per exercise (`ring_reduce_scatter.py`,
+`ring_all_gather.py`, `ring_all_reduce.py`), their fixed and drawn inputs in `cases.py`.
 
 The cost check (`time.py`) calls the student's function in this process and compares it with the
 lesson's `predict_time("ring all_reduce", ...)`, which (with the table it reads) refuses to run
 meanwhile.
 """
 
-from dlcourse.checks.collectives.ring_checks import (check_ring_reduce_scatter,
-                                                     check_ring_all_gather, check_ring_all_reduce)
+from dlcourse.checks.collectives.ring_all_gather import check_ring_all_gather
+from dlcourse.checks.collectives.ring_all_reduce import check_ring_all_reduce
+from dlcourse.checks.collectives.ring_reduce_scatter import check_ring_reduce_scatter
 from dlcourse.checks.collectives.time import check_all_reduce_time
 
 __all__ = ["check_ring_reduce_scatter", "check_ring_all_gather", "check_ring_all_reduce",

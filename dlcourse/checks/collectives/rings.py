@@ -1,8 +1,9 @@
 """Running a ring exercise of lesson 02 on real ranks, and saying what a wrong chunk holds.
 
-The checks in `ring_checks.py` build their cases as `Case`s and hand them to `check_ring`, which
-runs the student's function on each (send/recv only, see below), runs torch's own collective on
-the same inputs in a launch of its own, and compares every rank's outcome with torch's.
+The three ring checks (`ring_reduce_scatter.py`, `ring_all_gather.py`, `ring_all_reduce.py`)
+build their cases as `Case`s and hand them to `check_ring`, which runs the student's function on
+each (send/recv only, see below), runs torch's own collective on the same inputs in a launch of
+its own, and compares every rank's outcome with torch's.
 
 Send/recv only: while the student's function runs, torch's collectives raise (`forbid=` of
 `core.run_on_ranks`), and a `CommCounter` records what it sends. The course's own

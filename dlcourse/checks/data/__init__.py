@@ -6,8 +6,8 @@
     check_all_reduce_buckets(all_reduce_buckets)     one all-reduce per bucket, averages in .grad
     check_accumulate_step(accumulate_step)           micro-batches under no_sync(), one sync a step
 
-The bucket checks are in `buckets.py`, the others in `steps.py` and `accumulate.py`; the pieces
-they share in `replicas.py`.
+One module per exercise (`broadcast_parameters.py`, `data_parallel_step.py`, `make_buckets.py`,
+`all_reduce_buckets.py`, `accumulate.py`); the pieces they share in `replicas.py`.
 Each runs the student's code on 4, 3 and 2 real gloo ranks with models the notebook never shows (a
 small MLP, the course GPT with its tied embedding and output weight, an MLP with a parameter no
 layer uses and a frozen one), and compares every rank's weights after every step (or gradients)
@@ -23,8 +23,10 @@ no all-reduce of a parameter's values, none before the last micro-batch, one per
 """
 
 from dlcourse.checks.data.accumulate import check_accumulate_step
-from dlcourse.checks.data.buckets import check_all_reduce_buckets, check_make_buckets
-from dlcourse.checks.data.steps import check_broadcast_parameters, check_data_parallel_step
+from dlcourse.checks.data.all_reduce_buckets import check_all_reduce_buckets
+from dlcourse.checks.data.broadcast_parameters import check_broadcast_parameters
+from dlcourse.checks.data.data_parallel_step import check_data_parallel_step
+from dlcourse.checks.data.make_buckets import check_make_buckets
 
 __all__ = ["check_broadcast_parameters", "check_data_parallel_step", "check_accumulate_step",
            "check_make_buckets", "check_all_reduce_buckets"]

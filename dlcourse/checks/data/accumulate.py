@@ -7,10 +7,9 @@ from functools import partial
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases
 from dlcourse.checks.data.answers import ANSWERS
 from dlcourse.checks.data.in_rank import accumulate_in_rank
-from dlcourse.checks.data.replicas import (batch, build, combine, count, expect_weights,
+from dlcourse.checks.data.replicas import (LR, batch, build, combine, count, expect_weights,
                                            explain_step, gradient_at, loss_of, optimizer, run_steps,
-                                           shards, whole_batch)
-from dlcourse.checks.data.steps import LR, _sizes
+                                           shards, sizes_text, whole_batch)
 
 
 # ---------------------------------------------------------------- exercise 5: accumulation
@@ -70,7 +69,7 @@ def _check_accumulate_case(accumulate_step, case, seed, timeout):
     # micro[k][r][j]: micro-batch j of rank r in step k
     micro = [[shards(s, sizes) for s in shards(b, [per_rank] * W)] for b in batches]
     where = (f"accumulate_step on {W} ranks, {case.model} in {case.wrapper}, micro-batches of "
-             f"{_sizes(sizes)} samples on each rank")
+             f"{sizes_text(sizes)} samples on each rank")
     outcomes = run_steps(accumulate_step, micro, exercise="accumulate_step", where=where,
                          hint=ACCUMULATE_HINT, timeout=timeout,
                          harness=partial(accumulate_in_rank, case.model, case.wrapper,
@@ -136,7 +135,7 @@ def _explain_accumulate(case, micro, expected, weights, k):
                                          "own samples; weigh it by its share, x.size(0) / "
                                          f"{n} samples on this rank", False),
         (combine([(1 / M, gj) for gj in g]),
-         f"your step weighs the {M} micro-batches equally, but they hold {_sizes(sizes)} "
+         f"your step weighs the {M} micro-batches equally, but they hold {sizes_text(sizes)} "
          f"samples: weigh each micro-batch's loss by x.size(0) / {n}, not 1 / {M}", False),
         (combine([(1 / W, right)]), f"your step is 1/{W} of the whole batch's: the wrapper "
                                     "already averages over the ranks; weigh each micro-batch by "

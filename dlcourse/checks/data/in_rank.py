@@ -3,10 +3,11 @@ there. It imports none of the lesson's code (`dlcourse.parallel.data`) and holds
 under `dlcourse grade` this is the one module of the set a rank loads (`answers.ANSWERS.rank_side`,
 `grading/absent.py`). The models the students never see are built here from a seed, the same in
 any process; the references (one process on the whole batch, the lesson's bucket plan) are
-computed in the checking process (`replicas.py`, `buckets.py`), a plan handed to the ranks as
-parameter names. The accumulation check alone wraps the model in the lesson's `DataParallel`
-(the machinery the student's loop runs in): its rank loads `dlcourse.parallel.data` but
-`train_step`, the exercise's answer, refused there (`accumulate.TRAIN_STEP`).
+computed in the checking process (`replicas.py`, `all_reduce_buckets.py`), a plan handed to the
+ranks as parameter names. The accumulation check alone wraps the model in the lesson's
+`DataParallel` (the machinery the student's loop runs in): its rank loads
+`dlcourse.parallel.data` but `train_step`, the exercise's answer, refused there
+(`accumulate.TRAIN_STEP`).
 """
 
 import torch

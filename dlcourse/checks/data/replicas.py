@@ -1,6 +1,6 @@
 """Running a lesson-03 exercise on data-parallel replicas, and reading what it did.
 
-The checks in `steps.py`, `accumulate.py` and `buckets.py` build on these pieces:
+The lesson's five checks (`broadcast_parameters.py` to `accumulate.py`) build on these pieces:
 - the models the students never see (`MODELS`: a small MLP, the course GPT with its tied
   embedding and output weight, an MLP with a parameter no layer uses and a frozen one), their data
   and losses, built the same from a seed in any process (defined in `in_rank.py`, the rank side,
@@ -21,6 +21,14 @@ from dlcourse.checks.core import fail, run_on_ranks
 from dlcourse.checks.data.in_rank import (GPT_CONFIG, MLP_CONFIG, MODELS, OPTIMIZERS,  # noqa: F401
                                           SEED, Watch, build, gradients, loss_of, optimizer,
                                           snapshot)
+
+
+LR = OPTIMIZERS["SGD"][1]  # the step's lr: (before - after) / LR is the gradient SGD used
+
+
+def sizes_text(sizes):
+    """"3, 3, 2": samples on each rank (or in each micro-batch), as the messages print them."""
+    return ", ".join(map(str, sizes))
 
 
 # ---------------------------------------------------------------- models and data

@@ -9,7 +9,9 @@ expert parallelism by hand.
     check_permutation(permute_by_destination, unpermute)
                                                      the stable sort by destination, its inverse
 
-    routing.py    the two routing formulas, called here
+    route_with_capacity.py  top-k and the capacity queue, a formula called here
+    load_balance_loss.py    Switch's auxiliary loss and its gradient, called here
+    cases.py      the router logits those two draw
     dispatch.py   the dispatch, on 2, 3 and 4 gloo ranks, bytes counted
     counting.py   the layer's parameters and FLOPs
     bytes.py      the all-to-all bytes, against the lesson's formula
@@ -25,7 +27,8 @@ from dlcourse.checks.expert.bytes import check_a2a_bytes_per_layer
 from dlcourse.checks.expert.counting import check_moe_layer_counts
 from dlcourse.checks.expert.dispatch import check_dispatch_to_experts
 from dlcourse.checks.expert.permutation import check_permutation
-from dlcourse.checks.expert.routing import check_load_balance_loss, check_route_with_capacity
+from dlcourse.checks.expert.load_balance_loss import check_load_balance_loss
+from dlcourse.checks.expert.route_with_capacity import check_route_with_capacity
 
 __all__ = ["check_route_with_capacity", "check_load_balance_loss", "check_dispatch_to_experts",
            "check_moe_layer_counts", "check_a2a_bytes_per_layer", "check_permutation"]

@@ -2,7 +2,7 @@
 engine (`dlcourse/checks/core/answers.py`): these checks' own functions (the references). Each
 exercise adds the lesson's formula that is its answer (`dlcourse.memory`'s `model_state_bytes`,
 ...) and refuses building a module, so a formula cannot be measured off a real model
-(`formulas.py`).
+(`calls.py`).
 """
 
 from dlcourse.checks.core.answers import Answers

@@ -1,5 +1,5 @@
 """The rank side of lesson 01's checks: the refusal of building a module, entered in the rank
-where a student's formula runs (`formulas._answer`). It holds none of the checks' references and
+where a student's formula runs (`calls.answer`). It holds none of the checks' references and
 imports none of the lesson's code: under `dlcourse grade` it is the one module of the set a rank
 loads (`answers.ANSWERS.rank_side`, `grading/absent.py`), and `dlcourse.memory`, whose
 functions are the formulas' answers, is absent there.

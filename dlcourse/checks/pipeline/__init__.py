@@ -13,14 +13,17 @@ micro-batches, widths, shapes, dtypes; never p = 4 alone) and prints the seed wi
 (`schedules.py`); the exchange runs on real ranks; the boundaries and the bubble are formulas,
 called here, the bubble compared with a timeline simulated by the check. While the
 student's code runs, the course's pipeline package and torch's schedules are refused
-(`answers.ANSWERS`), and collectives too where the exercise is point-to-point.
+(`answers.ANSWERS`), and collectives too where the exercise is point-to-point. One module per
+exercise, named after it (`stage_boundaries.py`, `exchange.py`, `loss.py`, `schedules.py`,
+`bubble_fraction.py`, `interleaved.py`); `stages.py` holds the reference pipeline they share.
 """
 
-from dlcourse.checks.pipeline.basics import (check_bubble_fraction, check_exchange,
-                                             check_stage_boundaries)
+from dlcourse.checks.pipeline.bubble_fraction import check_bubble_fraction
+from dlcourse.checks.pipeline.exchange import check_exchange
 from dlcourse.checks.pipeline.interleaved import check_schedule_interleaved
 from dlcourse.checks.pipeline.loss import check_last_stage_backward
 from dlcourse.checks.pipeline.schedules import check_schedule_1f1b
+from dlcourse.checks.pipeline.stage_boundaries import check_stage_boundaries
 
 __all__ = ["check_stage_boundaries", "check_bubble_fraction", "check_exchange",
            "check_schedule_1f1b", "check_last_stage_backward", "check_schedule_interleaved"]

@@ -15,7 +15,7 @@ from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tenso
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes
 from dlcourse.checks.tensor.in_rank import qkv_in_rank
-from dlcourse.checks.tensor.linear import TOL, TOLERANCE, _capital
+from dlcourse.checks.tensor.layers import TOL, TOLERANCE, capital
 from dlcourse.models import CausalSelfAttention, GPTConfig
 
 # The linear checks' float64 tolerance, 1e-10: here one process and the ranks add the same ~100
@@ -124,8 +124,8 @@ def _qkv_hint(got, qkv, tp, rank):
         return (f"the fused weight was cut into {tp} contiguous blocks of rows: rank 0's block, "
                 f"rows 0..{3 * h // tp - 1}, holds q for the heads of several ranks (rows "
                 f"0..{h - 1} are q, then k, then v), not its own heads of q, k and v. "
-                + _capital(QKV_HINT))
+                + capital(QKV_HINT))
     if b is not None and torch.equal(b, qkv.bias.detach().chunk(tp)[rank]):
         return ("the weight is right, but the bias was cut into contiguous blocks. "
-                + _capital(QKV_HINT))
+                + capital(QKV_HINT))
     return QKV_HINT

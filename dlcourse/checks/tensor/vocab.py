@@ -16,7 +16,7 @@ from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tenso
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
 from dlcourse.checks.tensor.in_rank import loss_in_rank
-from dlcourse.checks.tensor.linear import TOL, TOLERANCE, _capital, _close
+from dlcourse.checks.tensor.layers import TOL, TOLERANCE, capital, close
 
 # The linear checks' float64 tolerance, 1e-10: here one process and the ranks add the same ~100
 # products in another order, ~1e-14 apart, 10^4 times less. Each mistake named here moves values
@@ -87,7 +87,7 @@ def _expect_loss(got, loss, grad, mine, targets, tp, rank, where):
     hint = LOSS_HINT
     if isinstance(value, torch.Tensor) and not torch.isfinite(value).all():
         hint = ("exp of a logit near 750 overflows: subtract the max over the whole vocabulary "
-                "(an all-reduce with op=dist.ReduceOp.MAX) before exp. " + _capital(LOSS_HINT))
+                "(an all-reduce with op=dist.ReduceOp.MAX) before exp. " + capital(LOSS_HINT))
     expect_tensor(value, loss, where=f"{where}, the loss", rank=rank, hint=hint,
                   tolerance=TOLERANCE, **TOL)
     if not backward:
@@ -95,7 +95,7 @@ def _expect_loss(got, loss, grad, mine, targets, tp, rank, where):
              "reach the logits: compute it from `logits` with differentiable operations (the "
              "max may be detached) and sum over the ranks with your MegatronG", LOSS_HINT)
     hint = LOSS_HINT
-    if _close(got_grad, tp * grad):
+    if close(got_grad, tp * grad):
         hint = (f"the gradient is {tp} times too large: a sum made with torch's differentiable "
                 "all_reduce all-reduces in backward too; sum with your MegatronG instead")
     expect_tensor(got_grad, grad, where=f"{where}, backward: logits.grad", rank=rank, hint=hint,

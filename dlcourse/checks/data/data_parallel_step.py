@@ -1,73 +1,19 @@
-"""Lesson 03's broadcast and step checks (the set's guide is `__init__.py`)."""
+"""Lesson 03, exercise 2 (`exercises/03_data_parallel.ipynb`): `check_data_parallel_step`, each
+rank's steps equal to one process's on the whole batch, unequal shards weighted by n_r / N; a
+wrong step is named by the gradient SGD read back shows it used (`replicas.explain_step`).
+"""
 
 from dataclasses import dataclass
 from functools import partial
 
-import torch
-
-from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases,
-                                  run_on_ranks)
+from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fresh_cases
 from dlcourse.checks.data.answers import ANSWERS
-from dlcourse.checks.data.in_rank import broadcast_in_rank, step_in_rank
-from dlcourse.checks.data.replicas import (MODELS, OPTIMIZERS, batch, build, combine,
+from dlcourse.checks.data.in_rank import step_in_rank
+from dlcourse.checks.data.replicas import (LR, MODELS, batch, build, combine,
                                            expect_gradients_reduced, expect_weights, explain_step,
                                            gradient_at, loss_of, optimizer, run_steps, shards,
-                                           snapshot, whole_batch)
+                                           sizes_text, whole_batch)
 
-LR = OPTIMIZERS["SGD"][1]
-
-
-def _sizes(sizes):
-    return ", ".join(map(str, sizes))
-
-
-# ---------------------------------------------------------------- exercise 1: one start
-
-BROADCAST_CASES = [(4, "tied GPT"), (3, "MLP with idle parameters"), (2, "MLP")]
-BROADCAST_HINT = ("every rank built its model from its own random seed, as separate processes "
-                  "do: copy the group's first rank's value into every parameter (frozen ones "
-                  "too) on every rank, broadcasting each p.data from it in the same order; "
-                  "dist.broadcast names it by its global rank, dist.get_global_rank(group, 0)")
-
-
-@fresh_cases
-def check_broadcast_parameters(broadcast_parameters, timeout=CHECK_TIMEOUT_S, *, rng):
-    """broadcast_parameters(model, group) must leave every rank with rank 0's parameters, when
-    every rank built its model from a different seed."""
-    __tracebackhide__ = True
-    expect_callable(broadcast_parameters, "broadcast_parameters")
-    cases = BROADCAST_CASES + [(rng.randint(2, 4), rng.choice(list(MODELS)))]
-    for W, name in cases:
-        where = f"broadcast_parameters on {W} ranks, {name}, each rank from its own seed"
-        first = rng.randrange(2**31)  # rank r builds its model from seed first + r
-        outcomes = run_on_ranks(broadcast_parameters, [()] * W, exercise="broadcast_parameters",
-                                where=where, hint=BROADCAST_HINT, timeout=timeout,
-                                harness=partial(broadcast_in_rank, name, first),
-                                guard=ANSWERS.in_rank)
-        starts = [snapshot(build(name, seed=first + r)) for r in range(W)]
-        for rank, (weights, _) in enumerate(outcomes):
-            _expect_broadcast(weights, starts, rank, where)
-    print(f"broadcast_parameters: passed on {len(cases)} cases (4, 3, 2 ranks; tied "
-          "GPT, MLP, a frozen parameter), every rank holds rank 0's weights")
-
-
-def _expect_broadcast(got, starts, rank, where):
-    __tracebackhide__ = True
-    for name, want in starts[0].items():
-        if torch.equal(got[name], want):
-            continue
-        holder = next((q for q, start in enumerate(starts) if torch.equal(got[name], start[name])),
-                      None)
-        if holder == rank:
-            problem = f"kept its own initial value of {name}: nothing was copied into it"
-        elif holder is not None:
-            problem = f"holds rank {holder}'s initial value of {name}, not rank 0's"
-        else:
-            problem = f"holds a value of {name} that is neither its own initial one nor rank 0's"
-        fail(where, rank, problem, BROADCAST_HINT)
-
-
-# ---------------------------------------------------------------- exercise 2: the step
 
 @dataclass
 class StepCase:
@@ -111,7 +57,7 @@ def _check_step_case(data_parallel_step, case, seed, timeout):
     n, W = sum(case.shards), case.world_size
     batches = [batch(case.model, n, seed=seed + k) for k in range(case.steps)]
     where = (f"data_parallel_step on {W} ranks, {case.model}, {n} samples in shards of "
-             f"{_sizes(case.shards)}, {case.optimizer}")
+             f"{sizes_text(case.shards)}, {case.optimizer}")
     steps = [shards(b, case.shards) for b in batches]  # steps[k][r]: rank r's (x, y) in step k
     outcomes = run_steps(data_parallel_step, steps, exercise="data_parallel_step", where=where,
                          hint=STEP_HINT, timeout=timeout,
@@ -150,7 +96,7 @@ def _explain_data_parallel_step(case, steps, expected, weights, k, rank):
         (own[rank], f"rank {rank} stepped with its own shard's gradient alone: the all-reduce "
                     "did not reach p.grad before optimizer.step()", True),
         (combine([(1 / W, g) for g in own]),
-         f"your step weighs the {W} ranks equally, but they hold {_sizes(sizes)} of the {n} "
+         f"your step weighs the {W} ranks equally, but they hold {sizes_text(sizes)} of the {n} "
          "samples, so a sample on a small rank counts more than one on a big rank. Each rank's "
          "loss is a mean over its own samples: weigh rank r's by n_r / N before summing, with N "
          "from an all-reduce of the ranks' len(x), not a count assumed equal", False),

@@ -1,0 +1,22 @@
+"""Lesson 00's cases: each check's fixed cases (an odd world size, odd lengths, an integer dtype,
+so that a function that assumes 4 ranks, a flat x, or float32 buffers fails somewhere) come with
+one more drawn at random here, and every tensor's values are drawn afresh.
+"""
+
+import torch
+
+from dlcourse.checks.core import dtype_name
+
+
+DTYPES = (torch.float32, torch.float64, torch.int64)
+
+
+def drawn_case(rng):
+    """(world_size, shape, dtype) at random: 2-4 ranks, 1-3 dimensions of 1-6 elements."""
+    shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
+    return rng.randint(2, 4), shape, rng.choice(DTYPES)
+
+
+def describe_cases(cases):
+    return "; ".join(f"{ws} ranks, {dtype_name(dtype)} {tuple(shape)}"
+                     for ws, shape, dtype in cases)
