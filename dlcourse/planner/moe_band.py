@@ -83,6 +83,17 @@ def trust(work, layout):
     return TRUST[regime(work, layout)[0]]
 
 
+def backed_better(work, layout, other, name="runner-up"):
+    """Why `layout` was taken over `other` (the `name`), which the runs back less (`trust`),
+    or None when both are backed alike."""
+    if trust(work, layout) == trust(work, other):
+        return None
+    (_, mine), (where, theirs) = regime(work, layout), regime(work, other)
+    few = "as few as a named miss's" if where == "miss" else "fewer than any run in the band"
+    return (f"its experts get {mine:,.0f} rows a GEMM, the {name}'s {theirs:,.0f}, {few} "
+            "(planner/moe_band.py)")
+
+
 def band_lines(work, layout):
     """Lines under an MoE plan's recommendation: each named miss outside the band and why,
     then whether the recommended `layout`'s expert GEMMs are in the band's regime."""

@@ -15,8 +15,9 @@ within that band of each other tie: the planner cannot tell which is cheaper. Am
 layouts that tie with the cheapest, the simplest is recommended (the cheaper among equally
 simple ones), and `why` says in numbers why it beat the runner-up. For a mixture of experts
 the band is the planner's spread on the published MoE runs, named misses aside
-(`moe_band.py`, lesson 09), and the plan names the misses and whether the recommended layout
-lies in their regime.
+(`moe_band.py`, lesson 09): among the layouts that tie, those whose expert GEMMs are as large
+as the runs' it gets right come first, and the plan names the misses and whether the
+recommended layout lies in their regime.
 """
 
 from dataclasses import dataclass, field, replace
@@ -109,7 +110,8 @@ class Plan:
 
     @property
     def recommended(self):
-        """The simplest layout that ties with the cheapest (the cheaper among equals)."""
+        """The simplest layout that ties with the cheapest (the cheaper among equals; for an
+        MoE, of those the published runs back best, `tied`)."""
         return self.tied[0] if self.ranked else None
 
     @property
@@ -251,14 +253,8 @@ def why(p):
 
 
 def _backed(work, r, other, name="runner-up"):
-    """Why `r` was taken over `other` (the `name`), which the published runs back less (an
-    MoE: `trust`), or None when both are backed alike."""
-    if trust(work, r.layout) == trust(work, other.layout):
-        return None
-    (_, mine), (where, theirs) = (moe_band.regime(work, e.layout) for e in (r, other))
-    few = "as few as a named miss's" if where == "miss" else "fewer than any run in the band"
-    return (f"its experts get {mine:,.0f} rows a GEMM, the {name}'s {theirs:,.0f}, {few} "
-            "(planner/moe_band.py)")
+    """Why `r` beat `other` on what the runs back (an MoE's `moe_band.backed_better`)."""
+    return moe_band.backed_better(work, r.layout, other.layout, name) if is_moe(work) else None
 
 
 def _passed_over(p):
