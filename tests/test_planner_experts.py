@@ -181,7 +181,9 @@ def test_plan_ranks_mixtral_with_the_ep_asked_for(capsys):
     rows = [line for line in out.splitlines() if line.startswith("dp")]
     assert code == 0 and rows and all(" ep8 " in r for r in rows), out
     from dlcourse.planner.published_moe import RUNS
-    assert f"on {len(RUNS)} published MoE runs the planner's step time was -48% to" in out, out
+    misses = sum(bool(run.miss) for run in RUNS)
+    assert f"error on {len(RUNS) - misses} published MoE runs, {misses} named misses aside" \
+        in out, out
 
 
 def test_deepseek_v3s_published_layout_is_valid_and_its_speed_bracketed():

@@ -24,9 +24,11 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
     moe_cost.py    what experts add (lesson 09): state over the expert-data-parallel ranks,
                    routed rows and activations, active FLOPs, the all-to-alls, load imbalance
     moe_estimate.py  an Estimate of an MoE layout from the dense terms and moe_cost's
-    published_moe.py  DeepSeek-V3 and Qwen3-235B runs held against the planner (held out)
+    published_moe.py  DeepSeek-V3, Qwen3-235B and Mixtral runs held against the planner
+    moe_band.py    the spread of its errors on them, named misses aside: the band on an MoE's
+                   cost and tie, and whether a layout lies in a named miss's regime
     published_runs.py  published runs (Megatron-LM, torchtitan, BLOOM, Llama 3), with sources
                    and each run's role: calibration or held out
     published.py   the planner checked against them; the spread of its errors is the band on
-                   every cost
+                   a dense model's cost
 """

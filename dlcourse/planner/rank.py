@@ -13,18 +13,21 @@ The decision respects the planner's own error. Its throughput is off by as much 
 on the published runs (`published.error_band`), so two layouts whose predicted costs lie
 within that band of each other tie: the planner cannot tell which is cheaper. Among the
 layouts that tie with the cheapest, the simplest is recommended (the cheaper among equally
-simple ones), and `why` says in numbers why it beat the runner-up.
+simple ones), and `why` says in numbers why it beat the runner-up. For a mixture of experts
+the band is the planner's spread on the published MoE runs, named misses aside
+(`moe_band.py`, lesson 09): among the layouts that tie, those whose expert GEMMs are as large
+as the runs' it gets right come first, and the plan names the misses and whether the
+recommended layout lies in their regime.
 """
 
 from dataclasses import dataclass, field, replace
 
-from dlcourse.planner import margin
+from dlcourse.planner import margin, moe_band, published
 from dlcourse.planner.failures import cost_at_scale, goodput_line, with_failures
 from dlcourse.planner.estimate import estimate
 from dlcourse.planner.hardware import GPUS, PRICE_CAVEAT, Cluster
 from dlcourse.planner.layouts import layouts
 from dlcourse.planner.moe_estimate import moe_estimate
-from dlcourse.planner.published import RUNS, error_band
 
 ZERO_SHARDS = ["ZeRO: the optimizer state sharded",
                "ZeRO-2: gradients reduce-scattered at every micro-batch",
@@ -46,10 +49,37 @@ def simplicity(layout):
     return len(techniques(layout))
 
 
-def tie_band():
+def is_moe(work):
+    """Whether `work`'s model is a mixture of experts (lesson 09's spec has n_experts)."""
+    return hasattr(work.model, "n_experts")
+
+
+def error_band(work=None):
+    """(lowest, highest) throughput error of the planner on the published runs of `work`'s
+    kind: a mixture of experts' on the MoE runs, named misses aside (`moe_band.error_band`);
+    any other model's (and None's) on the dense runs (`published.error_band`)."""
+    return (moe_band if work is not None and is_moe(work) else published).error_band()
+
+
+def trust(work, layout):
+    """How far the published runs back `layout`'s estimate: 0 for a dense model (its band
+    covers every layout), `moe_band.trust` for a mixture of experts."""
+    return moe_band.trust(work, layout) if is_moe(work) else 0
+
+
+def band_source(work=None):
+    """What `error_band(work)` was measured on, in words."""
+    if work is not None and is_moe(work):
+        misses = sum(bool(run.miss) for run, *_ in moe_band.held())
+        return (f"{len(moe_band.held()) - misses} published MoE runs, {misses} named "
+                f"misses aside")
+    return f"{len(published.RUNS)} published runs"
+
+
+def tie_band(work=None):
     """The relative cost difference the planner cannot resolve: the larger side of its error
-    on the published runs."""
-    low, high = error_band()
+    on the published runs of `work`'s kind (`error_band`)."""
+    low, high = error_band(work)
     return max(-low, high)
 
 
@@ -69,16 +99,19 @@ class Plan:
     @property
     def tied(self):
         """The layouts whose cost lies within the planner's error (`tie_band`) of the cheapest,
-        in the order the decision takes them: simplest first, then cheapest."""
+        in the order the decision takes them: for a mixture of experts those the published
+        runs back first (`moe_band.trust`), then simplest first, then cheapest."""
         if not self.ranked:
             return []
-        limit = self.cheapest.dollars_per_m_tokens * (1 + tie_band())
+        limit = self.cheapest.dollars_per_m_tokens * (1 + tie_band(self.work))
         near = [e for e in self.ranked if e.dollars_per_m_tokens <= limit]
-        return sorted(near, key=lambda e: (simplicity(e.layout), e.dollars_per_m_tokens))
+        return sorted(near, key=lambda e: (trust(self.work, e.layout), simplicity(e.layout),
+                                           e.dollars_per_m_tokens))
 
     @property
     def recommended(self):
-        """The simplest layout that ties with the cheapest (the cheaper among equals)."""
+        """The simplest layout that ties with the cheapest (the cheaper among equals; for an
+        MoE, of those the published runs back best, `tied`)."""
         return self.tied[0] if self.ranked else None
 
     @property
@@ -93,7 +126,7 @@ class Plan:
 def estimate_any(work, layout, cluster):
     """A dense model's `estimate`, or a mixture of experts' `moe_estimate` (lesson 09), which
     adds the experts' terms to the dense ones."""
-    return (moe_estimate if hasattr(work.model, "n_experts") else estimate)(work, layout, cluster)
+    return (moe_estimate if is_moe(work) else estimate)(work, layout, cluster)
 
 
 def plan(work, cluster, advise=True, include_failures=True, **choices):
@@ -164,28 +197,16 @@ def format_plan(p, top=8, out=None):
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                        enumerate(zip(r, widths))) for r in rows]
     r = p.recommended
-    low, high = cost_band(r)
+    low, high = cost_band(r, p.work)
     return "\n".join([head, f"{len(p.ranked)} layouts fit; the {min(top, len(p.ranked))} "
                             "cheapest (GB/GPU: the tensors counted at the peak; bubble: the "
                             "pipeline's idle share of the step, lesson 06):", *lines,
                       goodput_line(p.failures),
                       f"Recommended: {r.layout.describe()}, ${r.dollars_per_m_tokens:.3f} per "
                       f"million tokens (${low:.3f} to ${high:.3f}: the planner's error on "
-                      f"{len(RUNS)} published runs), {r.mfu:.0%} MFU",
-                      *moe_band_line(p.work), *why(p), f"({PRICE_CAVEAT})"])
-
-
-def moe_band_line(work):
-    """For a mixture of experts, the planner's step-time errors on the published MoE runs
-    (`published_moe.RUNS`, lesson 09), which the band of the dense runs does not include."""
-    if not hasattr(work.model, "n_experts"):
-        return []
-    from dlcourse.planner.published_moe import RUNS as MOE_RUNS, held_against  # its estimates
-    errors = [held_against(run)["error"] for run in MOE_RUNS]
-    misses = sum(bool(run.miss) for run in MOE_RUNS)
-    return [f"  that band is the dense runs'; on {len(MOE_RUNS)} published MoE runs the "
-            f"planner's step time was {min(errors):+.0%} to {max(errors):+.0%} off theirs, "
-            f"{misses} of them named misses (planner/published_moe.py)"]
+                      f"{band_source(p.work)}), {r.mfu:.0%} MFU",
+                      *(moe_band.band_lines(p.work, r.layout) if is_moe(p.work) else []),
+                      *why(p), f"({PRICE_CAVEAT})"])
 
 
 def memory_line(e, gpu):
@@ -212,22 +233,46 @@ def why(p):
              "allocator's reserve; planner/margin.py)"]
     if other is None:
         return lines + ["  the only layout that fits"]
+    lines += _passed_over(p)
     gap = other.dollars_per_m_tokens / r.dollars_per_m_tokens - 1
-    band = tie_band()
-    mine, theirs = techniques(r.layout), techniques(other.layout)
+    band = tie_band(p.work)
+    of = f"{band:.0%}" + (" on the MoE runs" if is_moe(p.work) else "")
     lines.append(f"  runner-up: {other.layout.describe()}, ${other.dollars_per_m_tokens:.3f} "
                  f"({gap:+.1%})")
     if abs(gap) <= band:
         lines.append(f"  they tie: {abs(gap):.1%} apart, inside the planner's error of "
-                     f"{band:.0%}; " + _simpler(mine, theirs))
+                     f"{of}; " + _simpler_or_backed(p.work, r, other))
     else:
-        lines.append(f"  it is cheaper by more than the planner's error ({band:.0%})")
+        lines.append(f"  it is cheaper by more than the planner's error ({of})")
     name, attr = max(TERMS.items(), key=lambda kv: abs(getattr(other, kv[1]) -
                                                        getattr(r, kv[1])))
     a, b = getattr(r, attr), getattr(other, attr)
     lines.append(f"  the term that differs most: {name}, {a:.3f} s against {b:.3f} s "
                  f"({b - a:+.3f} s, {(b - a) / r.step_time:+.0%} of the recommended step)")
     return lines
+
+
+def _backed(work, r, other, name="runner-up"):
+    """Why `r` beat `other` on what the runs back (an MoE's `moe_band.backed_better`)."""
+    return moe_band.backed_better(work, r.layout, other.layout, name) if is_moe(work) else None
+
+
+def _passed_over(p):
+    """A line when the cheapest layout was not taken because the runs back it less."""
+    r, cheapest = p.recommended, p.cheapest
+    if cheapest is r or cheapest is p.runner_up or not _backed(p.work, r, cheapest):
+        return []
+    gap = cheapest.dollars_per_m_tokens / r.dollars_per_m_tokens - 1
+    return [f"  the cheapest, {cheapest.layout.describe()}, ${cheapest.dollars_per_m_tokens:.3f} "
+            f"({gap:+.1%}), is not taken: the runs back the recommended better, "
+            + _backed(p.work, r, cheapest, "cheapest")]
+
+
+def _simpler_or_backed(work, r, other):
+    backed = _backed(work, r, other)
+    if backed:
+        return "the runs back it better: " + backed
+    return _simpler(techniques(r.layout), techniques(other.layout))
 
 
 def _simpler(mine, theirs):
@@ -239,11 +284,11 @@ def _simpler(mine, theirs):
             f"adds {', '.join(extra)})")
 
 
-def cost_band(e):
+def cost_band(e, work=None):
     """($ low, $ high) per million tokens of an Estimate: its cost stretched by the spread of
-    the planner's throughput errors on the published runs (a throughput predicted (1 + err)
-    times too high is a cost (1 + err) times too low)."""
-    low, high = error_band()
+    the planner's throughput errors on the published runs of `work`'s kind (`error_band`; a
+    throughput predicted (1 + err) times too high is a cost (1 + err) times too low)."""
+    low, high = error_band(work)
     return e.dollars_per_m_tokens * (1 + low), e.dollars_per_m_tokens * (1 + high)
 
 
