@@ -20,7 +20,7 @@ code on ranks, `in_rank.py`, the harnesses a graded rank loads alone (`ANSWERS.r
                       an exercise forbids); stubs.py; verdict.py (a submission
                       checked apart)
     launch/           lesson 00, the worked example: gather_all.py, sum_to_rank0.py, cases.py
-    memory/           lesson 01: count_params.py, zero_model_state.py, mlp_activations.py, and
+    memory/           lesson 01: count_gpt_params.py, zero_model_state.py, mlp_activation_bytes.py,
                       calls.py (calling a formula, reading what it returned)
     collectives/      lesson 02: ring_reduce_scatter.py, ring_all_gather.py, ring_all_reduce.py,
                       all_reduce_time.py, rings.py (running a ring), cases.py (the ring's inputs)
@@ -31,7 +31,7 @@ code on ranks, `in_rank.py`, the harnesses a graded rank loads alone (`ANSWERS.r
     tensor/           lesson 04: column_parallel_linear.py, row_parallel_linear.py,
                       megatron_f.py, megatron_g.py, qkv_shard.py,
                       vocab_parallel_cross_entropy.py, sequence_parallel.py (SP's pair),
-                      layernorm_grads.py; layers.py (the layer the first four draw and run),
+                      sync_layernorm_grads.py; layers.py (the layer the first four draw and run),
                       sequence_block.py (SP's block and reference), cases.py (tp sizes drawn
                       per run)
     zero/             lesson 05: shard_of.py, zero_step.py (the sharded step), gather_and_free.py
