@@ -202,20 +202,20 @@ SETS = {
                                    "dlcourse.checks.collectives.ring_all_gather")),
     # the counter, which core and the rings import, without the alpha-beta model (`bus.py`)
     "02 cost": (check_all_reduce_time, ("dlcourse.collectives.cost",
-                                        "dlcourse.checks.collectives.time")),
+                                        "dlcourse.checks.collectives.all_reduce_time")),
     "03": (check_all_reduce_buckets, ("dlcourse.parallel.data",
                                       "dlcourse.checks.data.all_reduce_buckets",
                                       "dlcourse.checks.data.replicas")),
     # its ranks wrap the model in the lesson's DataParallel: train_step refused there, the
     # checks' modules absent
-    "03 accumulate": (check_accumulate_step, ("dlcourse.checks.data.accumulate",
+    "03 accumulate": (check_accumulate_step, ("dlcourse.checks.data.accumulate_step",
                                               "dlcourse.checks.data.replicas")),
     "05": (check_zero_step, ("dlcourse.parallel.zero", "dlcourse.checks.zero.cases",
-                             "dlcourse.checks.zero.steps")),
+                             "dlcourse.checks.zero.zero_step")),
     "05 bytes": (check_zero_bytes_per_rank, ("dlcourse.memory", "dlcourse.parallel.zero",
                                              "dlcourse.checks.zero.zero_bytes_per_rank")),
     "06": (check_bubble_fraction, ("dlcourse.parallel.pipeline",
-                                   "dlcourse.checks.pipeline.schedules")),
+                                   "dlcourse.checks.pipeline.schedule_1f1b")),
     "07": (check_first_stage_activation_bytes, (
         "dlcourse.parallel.grid", "dlcourse.parallel.rules", "dlcourse.parallel.combine",
         "dlcourse.planner", "dlcourse.parallel.pipeline.schedules", "dlcourse.memory",
@@ -229,10 +229,10 @@ SETS = {
                                     "dlcourse.checks.debug.reference")),
     # the run a resume saves (`checkpoint/run.py`) without the resume, its files or the finder
     "11 resume": (check_resume_state, ("dlcourse.checkpoint.resume", "dlcourse.checkpoint.files",
-                                       "dlcourse.checks.checkpoint.resume")),
+                                       "dlcourse.checks.checkpoint.resume_state")),
     "11": (check_load_my_shard, ("dlcourse.checkpoint.resume", "dlcourse.checkpoint.files",
                                  "dlcourse.checkpoint.reshard",
-                                 "dlcourse.checks.checkpoint.reshard")),
+                                 "dlcourse.checks.checkpoint.load_my_shard")),
 }
 
 

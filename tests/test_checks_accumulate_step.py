@@ -1,5 +1,5 @@
-"""Lesson 03's check of accumulate_step (`dlcourse/checks/data/accumulate.py`): the solutions pass,
-and the wrong answers students write fail with a message naming the case, the rank, the
+"""Lesson 03's check of accumulate_step (`dlcourse/checks/data/accumulate_step.py`): the solutions
+pass, and the wrong answers students write fail with a message naming the case, the rank, the
 parameter, expected vs got, and a hint that says which mistake it was."""
 
 import contextlib

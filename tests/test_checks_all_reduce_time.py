@@ -1,6 +1,6 @@
-"""Lesson 02's check of all_reduce_time (`dlcourse/checks/collectives/time.py`): the cost model's
-wrong formulas fail, each naming the term it got wrong; then what every lesson-02 check does with
-an unwritten or misused function, and the core's hang hint."""
+"""Lesson 02's check of all_reduce_time (`dlcourse/checks/collectives/all_reduce_time.py`): the cost
+model's wrong formulas fail, each naming the term it got wrong; then what every lesson-02 check does
+with an unwritten or misused function, and the core's hang hint."""
 
 import pytest
 import torch

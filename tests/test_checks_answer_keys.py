@@ -26,7 +26,7 @@ def bytes_by_the_key(n_params, world_size, stage, mixed_precision):
 
 
 def schedule_by_the_key(rank, n_stages, n_micro):
-    from dlcourse.checks.pipeline.schedules import one_f_one_b
+    from dlcourse.checks.pipeline.schedule_1f1b import one_f_one_b
     return one_f_one_b(rank, n_stages, n_micro)
 
 
@@ -49,7 +49,7 @@ def test_zero_bytes_per_rank_refuses_the_checks_measured_bytes():
 
 def test_schedule_1f1b_refuses_the_checks_one_f_one_b():
     first, _ = first_line_and_hint(check_schedule_1f1b, schedule_by_the_key)
-    says = "rank ? called one_f_one_b from dlcourse.checks.pipeline.schedules, " + NOT_ALLOWED
+    says = "rank ? called one_f_one_b from dlcourse.checks.pipeline.schedule_1f1b, " + NOT_ALLOWED
     assert starts(first.split(": ", 1)[1], says), first
 
 
@@ -61,7 +61,7 @@ def test_bubble_fraction_refuses_the_checks_simulator():
 
 def test_the_keys_work_again_after_a_check():
     from dlcourse.checks.pipeline.bubble_fraction import _simulated_bubble
-    from dlcourse.checks.pipeline.schedules import one_f_one_b
+    from dlcourse.checks.pipeline.schedule_1f1b import one_f_one_b
     first_line_and_hint(check_bubble_fraction, bubble_by_the_key)
     assert abs(_simulated_bubble(2, 2) - 1 / 3) < 1e-12  # (p - 1) / (m + p - 1)
     assert [a[0] for a in one_f_one_b(1, 2, 1)] == ["F", "B"]

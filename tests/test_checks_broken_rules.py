@@ -1,4 +1,4 @@
-"""Lesson 07's check of broken_rules (`dlcourse/checks/combine/rules.py`): a correct answer
+"""Lesson 07's check of broken_rules (`dlcourse/checks/combine/broken_rules.py`): a correct answer
 written without the library passes, the wrong answers students write fail naming the rule, and
 the runtime's own rule book (the grader's reference) is refused while the answer runs."""
 

@@ -218,7 +218,7 @@ def planners(n, size, bw, restart, rate):
 
 
 def interval_by_the_key(n, size, bw, restart, rate):
-    from dlcourse.checks.checkpoint.interval import _reference
+    from dlcourse.checks.checkpoint.checkpoint_interval import _reference
     return _reference(n, size, bw, restart, rate)[:2]
 
 
@@ -233,7 +233,7 @@ def test_checkpoint_interval_passes_and_names_the_slips(capsys):
     first, _ = first_line_and_hint(check_checkpoint_interval, planners)
     assert "failure_cost" in first, first
     first, _ = first_line_and_hint(check_checkpoint_interval, interval_by_the_key)
-    assert "called _reference from dlcourse.checks.checkpoint.interval" in first, first
+    assert "called _reference from dlcourse.checks.checkpoint.checkpoint_interval" in first, first
     assert "the check's own answer key" in first, first
 
 # ---------------------------------------------------------------- exercise 4: completeness

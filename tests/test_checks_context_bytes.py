@@ -1,4 +1,4 @@
-"""Lesson 08's check of cp_bytes_per_layer (`dlcourse/checks/context/bytes.py`): cases
+"""Lesson 08's check of cp_bytes_per_layer (`dlcourse/checks/context/cp_bytes_per_layer.py`): cases
 drawn per run (every method, 2 to 8 ranks) against the lesson's layer_formula turned into bytes
 sent; correct answers of other plain types pass, the usual miscounts fail with their hint, and
 the lesson's formulas and the check's reference are refused."""
@@ -10,7 +10,7 @@ import pytest
 
 from checking import first_line_and_hint
 from dlcourse.checks.context import check_cp_bytes_per_layer
-from dlcourse.checks.context.bytes import reference_bytes
+from dlcourse.checks.context.cp_bytes_per_layer import reference_bytes
 from dlcourse.parallel.context.measure import layer_bytes_sent
 
 
@@ -123,13 +123,13 @@ def from_the_lesson(method, cp, batch, seq_len, hidden, itemsize):
 
 
 def from_the_check(*args):
-    from dlcourse.checks.context import bytes as check
+    from dlcourse.checks.context import cp_bytes_per_layer as check
     return check.reference_bytes(*args)
 
 
 @pytest.mark.parametrize("wrong, says", [
     (from_the_lesson, "layer_formula from dlcourse.parallel.context.measure"),
-    (from_the_check, "reference_bytes from dlcourse.checks.context.bytes"),
+    (from_the_check, "reference_bytes from dlcourse.checks.context.cp_bytes_per_layer"),
 ])
 def test_the_answers_are_refused(wrong, says):
     first, _ = first_line_and_hint(check_cp_bytes_per_layer, wrong)

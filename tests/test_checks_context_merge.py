@@ -1,4 +1,4 @@
-"""Lesson 08's check of merge_partials (`dlcourse/checks/context/merge.py`): the merge
+"""Lesson 08's check of merge_partials (`dlcourse/checks/context/merge_partials.py`): the merge
 of two blocks' attention must equal one softmax over all the keys (float64, computed by the
 check); the solution and other correct merges pass, the usual mistakes fail with a hint, and
 the lesson's merge, torch's and the check's own reference are refused."""
@@ -112,12 +112,12 @@ def reads_the_checks_frames(out_1, lse_1, out_2, lse_2):
                     isinstance(t, torch.Tensor) and t.shape[:3] == out_1.shape[:3] for t in value):
                 return value  # an (out, lse) of the whole attention, if a frame held one
         if "case" in frame.f_locals:
-            from dlcourse.checks.context import merge
-            return merge._whole(*frame.f_locals["case"])
+            from dlcourse.checks.context import merge_partials as check_module
+            return check_module._whole(*frame.f_locals["case"])
         frame = frame.f_back
     return None
 
 
 def test_the_checks_frames_hold_no_answer():
     first, _ = first_line_and_hint(check_merge_partials, reads_the_checks_frames)
-    assert "called _whole from dlcourse.checks.context.merge, which this exercise does not allow" in first, first
+    assert "called _whole from dlcourse.checks.context.merge_partials, which this exercise does not allow" in first, first

@@ -1,5 +1,5 @@
-"""Lesson 08's check of ring_attention_step (`dlcourse/checks/context/ring.py`) on real
-gloo ranks: cp steps on each of cp ranks must make causal attention over the blocks held so far
+"""Lesson 08's check of ring_attention_step (`dlcourse/checks/context/ring_attention_step.py`) on
+real gloo ranks: cp steps on each of cp ranks must make causal attention over the blocks held so far
 (float64, computed by the check), the blocks passed around the ring by send/recv. Correct rings
 written other ways pass; a deadlock, a collective, the wrong mask, an overflowing softmax, a
 replaced instead of merged result and the lesson's or torch's ring fail, saying which."""

@@ -1,4 +1,4 @@
-"""Lesson 08's check of seq_to_heads (`dlcourse/checks/context/ulysses.py`) on real
+"""Lesson 08's check of seq_to_heads (`dlcourse/checks/context/seq_to_heads.py`) on real
 gloo ranks: each rank must end with its a/cp heads over the whole sequence, moved by all-to-all
 (or send/recv) and no more bytes than an all-to-all sends. Other correct ways pass; misplaced
 heads or tokens are named by where they came from; an all-gather, by name or built from

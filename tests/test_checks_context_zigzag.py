@@ -1,4 +1,4 @@
-"""Lesson 08's check of zigzag_positions (`dlcourse/checks/context/zigzag.py`): every
+"""Lesson 08's check of zigzag_positions (`dlcourse/checks/context/zigzag_positions.py`): every
 rank of cases drawn per run (2 to 8 ranks) against the layout from its definition; other
 correct ways pass, the wrong layouts students write fail naming the chunks they hold, and the
 lesson's Layout, torch's load balancer and the check's reference are refused."""

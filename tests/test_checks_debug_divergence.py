@@ -1,4 +1,4 @@
-"""Lesson 10, exercise 1 (`dlcourse/checks/debug/divergence.py`): the first place a rank's
+"""Lesson 10, exercise 1 (`dlcourse/checks/debug/first_divergence.py`): the first place a rank's
 trace parts from the one-process reference, on real 2-rank runs with bugs of the catalogue. A
 comparison written another way (numpy, torch.allclose, a dict or a dataclass as the answer)
 passes; an exact comparison (rounding counted), reading only the parameters, naming the largest

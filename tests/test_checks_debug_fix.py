@@ -1,6 +1,6 @@
-"""Lesson 10, exercise 3 (`dlcourse/checks/debug/fix.py`): the fix of the catalogue's
-`sp_layernorm_grads`, run by lesson 04's TP + SP GPT on 2 and 3 gloo ranks and compared with one
-process, gradients and parameters, over 2 AdamW steps. One coalesced all-reduce and one per
+"""Lesson 10, exercise 3 (`dlcourse/checks/debug/sync_sequence_parallel_grads.py`): the fix of the
+catalogue's `sp_layernorm_grads`, run by lesson 04's TP + SP GPT on 2 and 3 gloo ranks and compared
+with one process, gradients and parameters, over 2 AdamW steps. One coalesced all-reduce and one per
 parameter (found by name) both pass; averaging instead of summing, a fix that holds for 2 ranks
 only, summing every gradient (sharded ones too) and making the ranks agree by a broadcast all fail
 with the hint that names the mistake; lesson 04's own all-reduce is refused."""

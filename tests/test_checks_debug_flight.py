@@ -1,4 +1,4 @@
-"""Lesson 10, exercise 6 (`dlcourse/checks/debug/flight.py`): from every rank's flight-recorder
+"""Lesson 10, exercise 6 (`dlcourse/checks/debug/waited_call.py`): from every rank's flight-recorder
 dump of a real hung 4-rank gloo job, the rank the others wait on and the call they wait in.
 Another way (each group's `pg_status`, numpy numbers in a dict) passes; reading rank 0's dump as
 the model, naming the last call the rank made (off by one), taking `record_id` or an entry's

@@ -1,4 +1,4 @@
-"""Lesson 10, exercise 2 (`dlcourse/checks/debug/hang.py`): from the per-rank collective
+"""Lesson 10, exercise 2 (`dlcourse/checks/debug/mismatched_call.py`): from the per-rank collective
 traces of a real 4-rank job broken on one rank, the rank and the call the others wait for. Another
 way of lining the ranks up (pairwise against the majority, a dict or numpy numbers as the answer)
 passes; taking rank 0 as the model, comparing the traces' lengths or ops only, counting from 0

@@ -1,4 +1,4 @@
-"""Lesson 10, exercise 4 (`dlcourse/checks/debug/naming.py`): a run with a catalogue bug drawn
+"""Lesson 10, exercise 4 (`dlcourse/checks/debug/name_the_bug.py`): a run with a catalogue bug drawn
 at random; the student names its first place over the ranks and the bug. Reasoning from what the
 gap looks like passes every draw, and so does a key spelled with other case and spaces; always
 the same key, a table from (strategy, first place) to a key (the twins share one), a later place
@@ -6,7 +6,7 @@ than the first, rank 0's traces only, the lesson's finder, and peeking at the ch
 fail, each with the hint that names the mistake.
 
 The wrong answers share one seed that draws dp_no_broadcast (the bug that shows on rank 1
-first), so its runs are recorded once (`naming.recorded` keeps the last two)."""
+first), so its runs are recorded once (`name_the_bug.recorded` keeps the last two)."""
 
 import random
 import sys
@@ -16,7 +16,7 @@ import torch
 
 from checking import first_line_and_hint
 from dlcourse.checks.debug import check_name_the_bug
-from dlcourse.checks.debug.naming import draw_bugs
+from dlcourse.checks.debug.name_the_bug import draw_bugs
 
 
 def first_divergence(reference, parallel, tolerance):
@@ -111,9 +111,9 @@ def with_the_finder(case):
 
 
 def peeking(case):  # the check's locals up the stack, its cache of runs: none is in this rank
-    from dlcourse.checks.debug import naming
+    from dlcourse.checks.debug import name_the_bug as check_module
     found = [f.f_locals[n] for f in _frames() for n in ("bug", "want", "drawn") if n in f.f_locals]
-    cached = naming.recorded.cache_info().currsize
+    cached = check_module.recorded.cache_info().currsize
     return earliest(case)[1], found[0] if found else f"nothing found, {cached} runs cached"
 
 

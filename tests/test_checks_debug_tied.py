@@ -1,4 +1,4 @@
-"""Lesson 10, exercise 5 (`dlcourse/checks/debug/tied.py`): the fix of the catalogue's
+"""Lesson 10, exercise 5 (`dlcourse/checks/debug/sync_tied_grads.py`): the fix of the catalogue's
 `pp_tied_embeddings_unsynced`, in lesson 06's 1F1B trainer on 2 and 3 stages, compared with one
 process, gradients and parameters, over 2 AdamW steps. The exchange posted together
 (batch_isend_irecv) and one in blocking send/recv, ordered by rank, both pass; sending the

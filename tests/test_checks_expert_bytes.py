@@ -1,7 +1,8 @@
-"""Lesson 09, exercise 5 (`dlcourse/checks/expert/bytes.py`): the bytes one rank sends in an MoE
-layer's all-to-alls, forward and backward, under uniform routing. Correct answers of any plain
-type pass (numpy integers, Fractions, floats computed in another order); each wrong count fails
-with the hint that names the mistake; the lesson's formula is refused while the answer runs."""
+"""Lesson 09, exercise 5 (`dlcourse/checks/expert/a2a_bytes_per_layer.py`): the bytes one rank sends
+in an MoE layer's all-to-alls, forward and backward, under uniform routing. Correct answers of any
+plain type pass (numpy integers, Fractions, floats computed in another order); each wrong count
+fails with the hint that names the mistake; the lesson's formula is refused while the answer
+runs."""
 
 from fractions import Fraction
 
@@ -12,7 +13,7 @@ from checking import first_line_and_hint, starts
 from dlcourse import pickling
 from dlcourse.checks.core import Submitted
 from dlcourse.checks.expert import check_a2a_bytes_per_layer
-from dlcourse.checks.expert.bytes import expected_bytes
+from dlcourse.checks.expert.a2a_bytes_per_layer import expected_bytes
 
 
 def a2a_bytes_per_layer(tokens, hidden, top_k, ep, itemsize):

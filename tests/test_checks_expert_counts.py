@@ -1,6 +1,6 @@
-"""Lesson 09, exercise 4 (`dlcourse/checks/expert/counting.py`): an MoE layer's total and active
-parameters and forward FLOPs per token. Whole numbers of any plain type pass (numpy integers, a
-Fraction, a list); each wrong count fails with the hint that names the mistake; the course's
+"""Lesson 09, exercise 4 (`dlcourse/checks/expert/moe_layer_counts.py`): an MoE layer's total and
+active parameters and forward FLOPs per token. Whole numbers of any plain type pass (numpy integers,
+a Fraction, a list); each wrong count fails with the hint that names the mistake; the course's
 counts (`params_per_token`, `count_params` of a `MoEConfig`, the `MoE` layer) are refused."""
 
 from fractions import Fraction

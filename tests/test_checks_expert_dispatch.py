@@ -1,8 +1,8 @@
-"""Lesson 09, exercise 3 (`dlcourse/checks/expert/dispatch.py`): the expert-parallel dispatch on
-real gloo ranks, 2, 3 and 4 of them, each sent only its own rows. A dispatch written another way
-(the list form of all_to_all) passes; sending every row to every rank, swapped split sizes, an
-expert's rows reordered, rows sorted by expert, counts that skip idle experts, another collective
-and the lesson's own dispatch all fail with a message that says which."""
+"""Lesson 09, exercise 3 (`dlcourse/checks/expert/dispatch_to_experts.py`): the expert-parallel
+dispatch on real gloo ranks, 2, 3 and 4 of them, each sent only its own rows. A dispatch written
+another way (the list form of all_to_all) passes; sending every row to every rank, swapped split
+sizes, an expert's rows reordered, rows sorted by expert, counts that skip idle experts, another
+collective and the lesson's own dispatch all fail with a message that says which."""
 
 import pytest
 import torch

@@ -1,7 +1,8 @@
-"""Lesson 07's check of first_stage_activation_bytes (`dlcourse/checks/combine/pipeline.py`): the
-solutions and correct answers written other ways pass; the wrong answers students write fail
-with a message naming the case, the rank and a hint that says which mistake it was. Every run
-draws new cases, so each wrong answer here fails on whatever is drawn."""
+"""Lesson 07's check of first_stage_activation_bytes
+(`dlcourse/checks/combine/first_stage_activation_bytes.py`): the solutions and correct answers
+written other ways pass; the wrong answers students write fail with a message naming the case, the
+rank and a hint that says which mistake it was. Every run draws new cases, so each wrong answer here
+fails on whatever is drawn."""
 
 import pytest
 

@@ -1,7 +1,7 @@
-"""Lesson 05's check of gather_and_free (`dlcourse/checks/zero/units.py`): the solutions and
-correct answers written other ways pass; the wrong answers students write fail with a message
-naming the case, the rank and a hint that says which mistake it was. Every run draws new cases,
-so each wrong answer here fails on whatever is drawn."""
+"""Lesson 05's check of gather_and_free (`dlcourse/checks/zero/gather_and_free.py`): the solutions
+and correct answers written other ways pass; the wrong answers students write fail with a message
+naming the case, the rank and a hint that says which mistake it was. Every run draws new cases, so
+each wrong answer here fails on whatever is drawn."""
 
 import re
 

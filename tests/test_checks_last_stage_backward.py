@@ -1,7 +1,7 @@
-"""Lesson 06's check of last_stage_backward (`dlcourse/checks/pipeline/loss.py`): the solutions and
-correct answers written other ways pass; the wrong answers students write fail with a message
-naming the case, the rank and a hint that says which mistake it was. Every run draws new cases,
-so each wrong answer here fails on whatever is drawn."""
+"""Lesson 06's check of last_stage_backward (`dlcourse/checks/pipeline/last_stage_backward.py`): the
+solutions and correct answers written other ways pass; the wrong answers students write fail with a
+message naming the case, the rank and a hint that says which mistake it was. Every run draws new
+cases, so each wrong answer here fails on whatever is drawn."""
 
 import pytest
 import torch

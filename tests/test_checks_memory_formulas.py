@@ -1,5 +1,5 @@
 """Lesson 01's checks of count_gpt_params and zero_model_state
-(`dlcourse/checks/memory/count_params.py`, `zero_model_state.py`), and what every lesson-01
+(`dlcourse/checks/memory/count_gpt_params.py`, `zero_model_state.py`), and what every lesson-01
 check does with an unwritten, crashing or misused function: the solutions pass, and the wrong
 answers students write fail with a message naming the case, the part, expected vs got, and a
 hint."""

@@ -1,4 +1,4 @@
-"""Lesson 01's check of mlp_activation_bytes (`dlcourse/checks/memory/mlp_activations.py`): the
+"""Lesson 01's check of mlp_activation_bytes (`dlcourse/checks/memory/mlp_activation_bytes.py`): the
 solution passes, and the wrong answers students write fail with a message naming the case, expected
 vs got, and a hint."""
 

@@ -1,4 +1,4 @@
-"""Lesson 04's check of qkv_shard (`dlcourse/checks/tensor/qkv.py`): the solutions and
+"""Lesson 04's check of qkv_shard (`dlcourse/checks/tensor/qkv_shard.py`): the solutions and
 correct answers written other ways pass; the wrong answers students write fail with a message
 naming the case, the rank and a hint that says which mistake it was. Every run draws new cases,
 so each wrong answer here fails on whatever is drawn."""
@@ -61,7 +61,7 @@ def qkv_from_the_library(qkv, group):
 def qkv_patching_the_checks_helper(qkv, group):
     """Wrong rows (contiguous blocks), and the check's helper rebound in the rank to give the
     right term of the attention whatever the rows: issue 28's escape."""
-    import dlcourse.checks.tensor.qkv as qkv_checks
+    import dlcourse.checks.tensor.qkv_shard as qkv_checks
 
     def heads(attn, w, b, x, rank, tp):  # this rank's share of the whole attention
         y = attn(x).detach()

@@ -1,14 +1,14 @@
-"""Lesson 06's check of schedule_1f1b (`dlcourse/checks/pipeline/schedules.py`), and the reference
-1F1B order held equal to a tick-by-tick simulation: the solutions and correct answers written
-other ways pass; the wrong answers students write fail with a message naming the case, the rank
-and a hint that says which mistake it was. Every run draws new cases, so each wrong answer here
+"""Lesson 06's check of schedule_1f1b (`dlcourse/checks/pipeline/schedule_1f1b.py`), and the
+reference 1F1B order held equal to a tick-by-tick simulation: the solutions and correct answers
+written other ways pass; the wrong answers students write fail with a message naming the case, the
+rank and a hint that says which mistake it was. Every run draws new cases, so each wrong answer here
 fails on whatever is drawn."""
 
 import pytest
 import torch.distributed.pipelining.schedules as torch_schedules
 
 from checking import first_line_and_hint, starts
-from dlcourse.checks.pipeline import schedules
+from dlcourse.checks.pipeline import schedule_1f1b as check_module
 from dlcourse.checks.pipeline import check_schedule_1f1b
 
 
@@ -110,7 +110,7 @@ def test_the_reference_1f1b_is_the_tick_simulation():
     for p in range(1, 7):
         for m in range(1, 15):
             for rank in range(p):
-                assert schedules.one_f_one_b(rank, p, m) == \
+                assert check_module.one_f_one_b(rank, p, m) == \
                     [tuple(a) for a in schedule_1f1b_simulated(rank, p, m)]
 
 

@@ -1,15 +1,16 @@
-"""Lesson 06's interleaved 1F1B check (`dlcourse/checks/pipeline/interleaved.py`): the solution
-and an answer written another way pass on real ranks; the mistakes a student makes (B before F in
-the steady state, a warm-up one too long or too short, a chunk missing, chunks in the wrong order)
-fail with a message that names the rank and the mistake; the library's `interleaved_1f1b` and the
-check's own references are refused. The verdict (`expect_interleaved`) is also held, without
-ranks, on every (p, m, v) the check can draw, so a wrong answer fails whatever the seed."""
+"""Lesson 06's interleaved 1F1B check (`dlcourse/checks/pipeline/schedule_interleaved.py`): the
+solution and an answer written another way pass on real ranks; the mistakes a student makes (B
+before F in the steady state, a warm-up one too long or too short, a chunk missing, chunks in the
+wrong order) fail with a message that names the rank and the mistake; the library's
+`interleaved_1f1b` and the check's own references are refused. The verdict (`expect_interleaved`) is
+also held, without ranks, on every (p, m, v) the check can draw, so a wrong answer fails whatever
+the seed."""
 
 import numpy as np
 import pytest
 
 from checking import first_line_and_hint
-from dlcourse.checks.pipeline import interleaved as si
+from dlcourse.checks.pipeline import schedule_interleaved as si
 from dlcourse.checks.pipeline.answers import ANSWERS
 from dlcourse.checks.core import CheckFailed
 from dlcourse.checks.pipeline import check_schedule_interleaved
@@ -185,7 +186,7 @@ def test_a_deadlock_is_named():
 
 @pytest.mark.parametrize("answer, says", [
     (library, "called interleaved_1f1b from dlcourse.parallel.pipeline.schedules"),
-    (check_reference, "called expected_warm_up from dlcourse.checks.pipeline.interleaved"),
+    (check_reference, "called expected_warm_up from dlcourse.checks.pipeline.schedule_interleaved"),
 ])
 def test_the_library_and_the_checks_references_are_refused(answer, says):
     first, _ = first_line_and_hint(check_schedule_interleaved, answer)

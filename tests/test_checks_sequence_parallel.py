@@ -1,5 +1,5 @@
 """Lesson 04's sequence-parallel checks (`dlcourse/checks/tensor/sequence_parallel.py`,
-`layernorm_grads.py`): the solution and
+`sync_layernorm_grads.py`): the solution and
 answers written another way pass on real ranks; a pair that gathers along the wrong dim, one that
 all-reduces (or all-gathers the whole) and keeps a slice, a LayerNorm whose gradients are not
 summed or are averaged fail with a message that names the mistake; the lesson's own pair and

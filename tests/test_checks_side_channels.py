@@ -23,7 +23,7 @@ from dlcourse import pickling
 from dlcourse.checks.context import check_seq_to_heads
 from dlcourse.checks.core import Submitted, run_on_ranks
 from dlcourse.checks.core.ranks import WIRE_FLOOR
-from dlcourse.checks.expert import dispatch
+from dlcourse.checks.expert import dispatch_to_experts
 from dlcourse.checks.expert import check_dispatch_to_experts
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor import check_vocab_parallel_cross_entropy
@@ -310,7 +310,7 @@ def test_dispatch_s_wide_case_sends_wire_floor_bytes_or_more_from_each_rank_to_e
     for seed in range(20):
         rng = random.Random(seed)
         ep = rng.choice([2, 3, 4])
-        xs, experts, n_experts = dispatch._draw_case(ep, rng, idle_rank=False, wide=True)
+        xs, experts, n_experts = dispatch_to_experts._draw_case(ep, rng, idle_rank=False, wide=True)
         n_local = n_experts // ep
         for s, r in itertools.product(range(ep), repeat=2):  # rank s's rows to rank r's experts
             rows = int((experts[s] // n_local == r).sum())  # its own too: see the next test

@@ -1,7 +1,8 @@
-"""Lesson 04's check of vocab_parallel_cross_entropy (`dlcourse/checks/tensor/vocab.py`):
-the solutions and correct answers written other ways pass; the wrong answers students write fail
-with a message naming the case, the rank and a hint that says which mistake it was. Every run
-draws new cases, so each wrong answer here fails on whatever is drawn."""
+"""Lesson 04's check of vocab_parallel_cross_entropy
+(`dlcourse/checks/tensor/vocab_parallel_cross_entropy.py`): the solutions and correct answers
+written other ways pass; the wrong answers students write fail with a message naming the case, the
+rank and a hint that says which mistake it was. Every run draws new cases, so each wrong answer here
+fails on whatever is drawn."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Lesson 05's check of zero_step (`dlcourse/checks/zero/steps.py`): the solutions and correct
+"""Lesson 05's check of zero_step (`dlcourse/checks/zero/zero_step.py`): the solutions and correct
 answers written other ways pass; the wrong answers students write fail with a message naming the
 case, the rank and a hint that says which mistake it was. Every run draws new cases, so each
 wrong answer here fails on whatever is drawn."""

@@ -20,37 +20,41 @@ code on ranks, `in_rank.py`, the harnesses a graded rank loads alone (`ANSWERS.r
                       an exercise forbids); stubs.py; verdict.py (a submission
                       checked apart)
     launch/           lesson 00, the worked example: gather_all.py, sum_to_rank0.py, cases.py
-    memory/           lesson 01: count_params.py, zero_model_state.py, mlp_activations.py, and
+    memory/           lesson 01: count_gpt_params.py, zero_model_state.py, mlp_activation_bytes.py,
                       calls.py (calling a formula, reading what it returned)
     collectives/      lesson 02: ring_reduce_scatter.py, ring_all_gather.py, ring_all_reduce.py,
-                      time.py, rings.py (running a ring), cases.py (the ring's inputs)
+                      all_reduce_time.py, rings.py (running a ring), cases.py (the ring's inputs)
     data/             lesson 03: broadcast_parameters.py, data_parallel_step.py, make_buckets.py,
-                      all_reduce_buckets.py, accumulate.py, and replicas.py (whole-batch
+                      all_reduce_buckets.py, accumulate_step.py, and replicas.py (whole-batch
                       references, weight comparisons that later lessons' checks reuse; the
                       models and gradient watches a rank needs are in its in_rank.py)
     tensor/           lesson 04: column_parallel_linear.py, row_parallel_linear.py,
-                      megatron_f.py, megatron_g.py, qkv.py (the qkv shard), vocab.py (the
-                      vocabulary-parallel loss), sequence_parallel.py (SP's pair),
-                      layernorm_grads.py; layers.py (the layer the first four draw and run),
+                      megatron_f.py, megatron_g.py, qkv_shard.py,
+                      vocab_parallel_cross_entropy.py, sequence_parallel.py (SP's pair),
+                      sync_layernorm_grads.py; layers.py (the layer the first four draw and run),
                       sequence_block.py (SP's block and reference), cases.py (tp sizes drawn
                       per run)
-    zero/             lesson 05: shard_of.py, steps.py (the sharded step), units.py (a stage-3
-                      unit), zero_bytes_per_rank.py, cases.py (cases drawn per run)
-    pipeline/         lesson 06: stage_boundaries.py, exchange.py, loss.py, schedules.py (the
-                      1F1B list, run as a schedule), bubble_fraction.py, interleaved.py (an
-                      interleaved 1F1B list, simulated), stages.py (the reference pipeline and
-                      its executor)
+    zero/             lesson 05: shard_of.py, zero_step.py (the sharded step), gather_and_free.py
+                      (a stage-3 unit), zero_bytes_per_rank.py, cases.py (cases drawn per run)
+    pipeline/         lesson 06: stage_boundaries.py, exchange.py, last_stage_backward.py,
+                      schedule_1f1b.py (the 1F1B list, run as a schedule), bubble_fraction.py,
+                      schedule_interleaved.py (an interleaved 1F1B list, simulated), stages.py
+                      (the reference pipeline and its executor)
     combine/          lesson 07: rank_coords.py, axis_groups.py, step_collectives.py,
                       grid_state_bytes.py, cost_per_million_tokens.py, best_layout.py,
-                      pipeline.py, rules.py; grids.py (the grids drawn), costs.py (a step's cost)
-    context/          lesson 08: merge.py, zigzag.py, ring.py, ulysses.py, bytes.py,
-                      reference.py
-    expert/           lesson 09: route_with_capacity.py, load_balance_loss.py, dispatch.py,
-                      counting.py, bytes.py, permutation.py; reference.py, cases.py (the
-                      router logits drawn)
-    debug/            lesson 10: divergence.py, hang.py, fix.py, naming.py, tied.py, flight.py,
-                      runs.py (the recorded runs), reference.py
-    checkpoint/       lesson 11: resume.py, reshard.py, complete.py, interval.py
+                      first_stage_activation_bytes.py, broken_rules.py; grids.py (the grids
+                      drawn), costs.py (a step's cost)
+    context/          lesson 08: merge_partials.py, zigzag_positions.py, ring_attention_step.py,
+                      seq_to_heads.py, cp_bytes_per_layer.py; ring_mistakes.py (the wrong ring
+                      steps recognised), reference.py
+    expert/           lesson 09: route_with_capacity.py, load_balance_loss.py,
+                      dispatch_to_experts.py, moe_layer_counts.py, a2a_bytes_per_layer.py,
+                      permutation.py (a pair); reference.py, cases.py (the router logits drawn)
+    debug/            lesson 10: first_divergence.py, mismatched_call.py,
+                      sync_sequence_parallel_grads.py, name_the_bug.py, sync_tied_grads.py,
+                      waited_call.py, runs.py (the recorded runs), reference.py
+    checkpoint/       lesson 11: resume_state.py, load_my_shard.py, is_complete.py,
+                      checkpoint_interval.py
     hints.py          hint(exercise): the next level of an exercise's hints, from its set's table
     summary.py        check_all: every exercise of a notebook checked at once
 

@@ -13,15 +13,15 @@ one neighbour and from the other, a chunk per step. A wrong chunk is named with 
 instead, and what that says about the ring: one module per exercise (`ring_reduce_scatter.py`,
 `ring_all_gather.py`, `ring_all_reduce.py`), their fixed and drawn inputs in `cases.py`.
 
-The cost check (`time.py`) calls the student's function in this process and compares it with the
-lesson's `predict_time("ring all_reduce", ...)`, which (with the table it reads) refuses to run
-meanwhile.
+The cost check (`all_reduce_time.py`) calls the student's function in this process and compares
+it with the lesson's `predict_time("ring all_reduce", ...)`, which (with the table it reads)
+refuses to run meanwhile.
 """
 
+from dlcourse.checks.collectives.all_reduce_time import check_all_reduce_time
 from dlcourse.checks.collectives.ring_all_gather import check_ring_all_gather
 from dlcourse.checks.collectives.ring_all_reduce import check_ring_all_reduce
 from dlcourse.checks.collectives.ring_reduce_scatter import check_ring_reduce_scatter
-from dlcourse.checks.collectives.time import check_all_reduce_time
 
 __all__ = ["check_ring_reduce_scatter", "check_ring_all_gather", "check_ring_all_reduce",
            "check_all_reduce_time"]

@@ -1,5 +1,5 @@
-"""What lesson 07's checks (one module per exercise, `rank_coords.py` to `rules.py`) refuse while
-a student's code runs, declared to the one engine (`core/answers.py`).
+"""What lesson 07's checks (one module per exercise, `rank_coords.py` to `broken_rules.py`) refuse
+while a student's code runs, declared to the one engine (`core/answers.py`).
 
 The answers are the lesson's own code: every public function and class of the rank grid
 (`dlcourse.parallel.grid`: `RankGrid.coords`, `axis_ranks`, `axis_groups`, ...), of its rule book

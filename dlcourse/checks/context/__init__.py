@@ -7,7 +7,8 @@ by hand.
     check_seq_to_heads(seq_to_heads)                Ulysses' all-to-all to head-sharded
     check_cp_bytes_per_layer(cp_bytes_per_layer)    the bytes a rank sends for one layer
 
-One module per exercise (`merge.py`, `zigzag.py`, `ring.py`, `ulysses.py`, `bytes.py`); the
+One module per exercise (`merge_partials.py`, `zigzag_positions.py`, `ring_attention_step.py`,
+`seq_to_heads.py`, `cp_bytes_per_layer.py`; the wrong ring steps in `ring_mistakes.py`); the
 references are plain float64 attention and the layouts from their definitions (`reference.py`),
 the bytes from the lesson's `layer_formula` (called after the student's function), and what is
 refused while a student's code runs is in `answers.py`: the lesson's `dlcourse.parallel.context`,
@@ -15,11 +16,11 @@ torch's `context_parallel` and its pieces, and these references. Cases are drawn
 run (2 to 8 ranks, never 4 alone) and a failure names the seed (`seed=` draws them again).
 """
 
-from dlcourse.checks.context.bytes import check_cp_bytes_per_layer
-from dlcourse.checks.context.merge import check_merge_partials
-from dlcourse.checks.context.ring import check_ring_attention_step
-from dlcourse.checks.context.ulysses import check_seq_to_heads
-from dlcourse.checks.context.zigzag import check_zigzag_positions
+from dlcourse.checks.context.cp_bytes_per_layer import check_cp_bytes_per_layer
+from dlcourse.checks.context.merge_partials import check_merge_partials
+from dlcourse.checks.context.ring_attention_step import check_ring_attention_step
+from dlcourse.checks.context.seq_to_heads import check_seq_to_heads
+from dlcourse.checks.context.zigzag_positions import check_zigzag_positions
 
 __all__ = ["check_merge_partials", "check_zigzag_positions", "check_ring_attention_step",
            "check_seq_to_heads", "check_cp_bytes_per_layer"]

@@ -1,9 +1,9 @@
-"""Lesson 08, exercise 3 (`ring.py`): the commonest wrong ring steps, recognised by what they
-return or raise, each with the hint that names it. A wrong answer is rebuilt here from the
-keys a rank has seen (`keys_seen`) and compared with what came back: the diagonal masked, a
-mask from local indices, no mask, the blocks alone instead of merged, an overflowing softmax.
-Group ranks passed where torch 2.13 reads global ones raise inside torch (`in_rank.peers_explained`
-says which numbering torch reads).
+"""Lesson 08, exercise 3 (`ring_attention_step.py`): the commonest wrong ring steps, recognised by
+what they return or raise, each with the hint that names it. A wrong answer is rebuilt here from the
+keys a rank has seen (`keys_seen`) and compared with what came back: the diagonal masked, a mask
+from local indices, no mask, the blocks alone instead of merged, an overflowing softmax. Group ranks
+passed where torch 2.13 reads global ones raise inside torch (`in_rank.peers_explained` says which
+numbering torch reads).
 """
 
 import torch

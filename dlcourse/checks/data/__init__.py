@@ -7,7 +7,7 @@
     check_accumulate_step(accumulate_step)           micro-batches under no_sync(), one sync a step
 
 One module per exercise (`broadcast_parameters.py`, `data_parallel_step.py`, `make_buckets.py`,
-`all_reduce_buckets.py`, `accumulate.py`); the pieces they share in `replicas.py`.
+`all_reduce_buckets.py`, `accumulate_step.py`); the pieces they share in `replicas.py`.
 Each runs the student's code on 4, 3 and 2 real gloo ranks with models the notebook never shows (a
 small MLP, the course GPT with its tied embedding and output weight, an MLP with a parameter no
 layer uses and a frozen one), and compares every rank's weights after every step (or gradients)
@@ -22,7 +22,7 @@ catches parameters averaged after each rank's own step. What each rank communica
 no all-reduce of a parameter's values, none before the last micro-batch, one per bucket.
 """
 
-from dlcourse.checks.data.accumulate import check_accumulate_step
+from dlcourse.checks.data.accumulate_step import check_accumulate_step
 from dlcourse.checks.data.all_reduce_buckets import check_all_reduce_buckets
 from dlcourse.checks.data.broadcast_parameters import check_broadcast_parameters
 from dlcourse.checks.data.data_parallel_step import check_data_parallel_step

@@ -1,6 +1,6 @@
 """Running a lesson-03 exercise on data-parallel replicas, and reading what it did.
 
-The lesson's five checks (`broadcast_parameters.py` to `accumulate.py`) build on these pieces:
+The lesson's five checks (`broadcast_parameters.py` to `accumulate_step.py`) build on these pieces:
 - the models the students never see (`MODELS`: a small MLP, the course GPT with its tied
   embedding and output weight, an MLP with a parameter no layer uses and a frozen one), their data
   and losses, built the same from a seed in any process (defined in `in_rank.py`, the rank side,

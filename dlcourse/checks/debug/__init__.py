@@ -18,7 +18,8 @@ hand.
                                                job, the rank waited on and the call waited in
 
     runs.py       the traces: real 2-rank runs with a bug of the catalogue, a real 4-rank job
-    divergence.py, hang.py, fix.py, naming.py, tied.py, flight.py   the six checks
+    first_divergence.py, mismatched_call.py, sync_sequence_parallel_grads.py, name_the_bug.py,
+    sync_tied_grads.py, waited_call.py   the six checks, one module each, named after it
     reference.py  the answers, from the lesson's own finders, after the student's function returns
     answers.py    what is refused while a student's code runs
 
@@ -26,12 +27,12 @@ Every check draws its cases afresh on each run and names the seed with a failure
 draws the same cases again.
 """
 
-from dlcourse.checks.debug.divergence import check_first_divergence
-from dlcourse.checks.debug.fix import check_sync_sequence_parallel_grads
-from dlcourse.checks.debug.flight import check_waited_call
-from dlcourse.checks.debug.hang import check_mismatched_call
-from dlcourse.checks.debug.naming import check_name_the_bug
-from dlcourse.checks.debug.tied import check_sync_tied_grads
+from dlcourse.checks.debug.first_divergence import check_first_divergence
+from dlcourse.checks.debug.mismatched_call import check_mismatched_call
+from dlcourse.checks.debug.name_the_bug import check_name_the_bug
+from dlcourse.checks.debug.sync_sequence_parallel_grads import check_sync_sequence_parallel_grads
+from dlcourse.checks.debug.sync_tied_grads import check_sync_tied_grads
+from dlcourse.checks.debug.waited_call import check_waited_call
 
 __all__ = ["check_first_divergence", "check_mismatched_call", "check_sync_sequence_parallel_grads",
            "check_name_the_bug", "check_sync_tied_grads", "check_waited_call"]

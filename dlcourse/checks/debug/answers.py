@@ -1,11 +1,11 @@
 """What lesson 10's checks refuse while a student's code runs, declared once to the checks' engine
 (`dlcourse/checks/core/answers.py`): every public function and class of the lesson's tool
 `dlcourse.debug` (the divergence finder and `compare_trace`, the hang finder, `CommTrace`, the
-catalogue's runs; classes through constructors and methods), lesson 04's one all-reduce of
-sequence parallelism's partial gradients (`dlcourse.parallel.tensor.grads`, the fix of the third
-exercise), and these checks' own code (the references in `reference.py`, the recorded runs);
-for the fifth exercise lesson 06's `sync_tied_grads` too (`tied.py`'s `TIED_ANSWERS`); for the
-sixth torch's analyser of flight-recorder dumps (`flight.py`'s `FLIGHT_ANSWERS`).
+catalogue's runs; classes through constructors and methods), lesson 04's one all-reduce of sequence
+parallelism's partial gradients (`dlcourse.parallel.tensor.grads`, the fix of the third exercise),
+and these checks' own code (the references in `reference.py`, the recorded runs); for the fifth
+exercise lesson 06's `sync_tied_grads` too (`sync_tied_grads.py`'s `TIED_ANSWERS`); for the sixth
+torch's analyser of flight-recorder dumps (`waited_call.py`'s `FLIGHT_ANSWERS`).
 """
 
 from dlcourse.checks.core.answers import Answers

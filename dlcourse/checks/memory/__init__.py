@@ -14,13 +14,13 @@ with a solution:
 - activations: a real MLP block's forward, measured with `SavedTensorLog`.
 While the student's function runs, building a model and the library functions that hand out the
 answer raise: the exercise is to know the bytes before anything is allocated, as one must for a
-model of 70 billion parameters. One module per exercise (`count_params.py`,
-`zero_model_state.py`, `mlp_activations.py`); `calls.py` calls the student's function and reads
+model of 70 billion parameters. One module per exercise (`count_gpt_params.py`,
+`zero_model_state.py`, `mlp_activation_bytes.py`); `calls.py` calls the student's function and reads
 what it returned.
 """
 
-from dlcourse.checks.memory.count_params import check_count_params
-from dlcourse.checks.memory.mlp_activations import check_mlp_activations
+from dlcourse.checks.memory.count_gpt_params import check_count_params
+from dlcourse.checks.memory.mlp_activation_bytes import check_mlp_activations
 from dlcourse.checks.memory.zero_model_state import check_zero_model_state
 
 __all__ = ["check_count_params", "check_zero_model_state", "check_mlp_activations"]

@@ -1,5 +1,6 @@
 """Calling a student's formula of lesson 01 in this process, and reading what it returned: the
-three checks' shared pieces (`count_params.py`, `zero_model_state.py`, `mlp_activations.py`).
+three checks' shared pieces (`count_gpt_params.py`, `zero_model_state.py`,
+`mlp_activation_bytes.py`).
 """
 
 import functools

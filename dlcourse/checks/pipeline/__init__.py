@@ -10,19 +10,20 @@
 Every check draws its cases afresh on each run (2 to 5 stages on ranks, up to 8 in a formula;
 micro-batches, widths, shapes, dtypes; never p = 4 alone) and prints the seed with a failure;
 `seed=` draws the same cases again. The 1F1B list and the loss scaling run a schedule on real stages
-(`schedules.py`); the exchange runs on real ranks; the boundaries and the bubble are formulas,
-called here, the bubble compared with a timeline simulated by the check. While the
-student's code runs, the course's pipeline package and torch's schedules are refused
-(`answers.ANSWERS`), and collectives too where the exercise is point-to-point. One module per
-exercise, named after it (`stage_boundaries.py`, `exchange.py`, `loss.py`, `schedules.py`,
-`bubble_fraction.py`, `interleaved.py`); `stages.py` holds the reference pipeline they share.
+(`schedule_1f1b.py`); the exchange runs on real ranks; the boundaries and the bubble are formulas,
+called here, the bubble compared with a timeline simulated by the check. While the student's code
+runs, the course's pipeline package and torch's schedules are refused (`answers.ANSWERS`), and
+collectives too where the exercise is point-to-point. One module per exercise, named after it
+(`stage_boundaries.py`, `exchange.py`, `last_stage_backward.py`, `schedule_1f1b.py`,
+`bubble_fraction.py`, `schedule_interleaved.py`); `stages.py` holds the reference pipeline they
+share.
 """
 
 from dlcourse.checks.pipeline.bubble_fraction import check_bubble_fraction
 from dlcourse.checks.pipeline.exchange import check_exchange
-from dlcourse.checks.pipeline.interleaved import check_schedule_interleaved
-from dlcourse.checks.pipeline.loss import check_last_stage_backward
-from dlcourse.checks.pipeline.schedules import check_schedule_1f1b
+from dlcourse.checks.pipeline.last_stage_backward import check_last_stage_backward
+from dlcourse.checks.pipeline.schedule_1f1b import check_schedule_1f1b
+from dlcourse.checks.pipeline.schedule_interleaved import check_schedule_interleaved
 from dlcourse.checks.pipeline.stage_boundaries import check_stage_boundaries
 
 __all__ = ["check_stage_boundaries", "check_bubble_fraction", "check_exchange",

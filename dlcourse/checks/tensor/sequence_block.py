@@ -1,5 +1,5 @@
 """The block lesson 04's two sequence-parallel checks run (`sequence_parallel.py`,
-`layernorm_grads.py`), and its one-process reference.
+`sync_layernorm_grads.py`), and its one-process reference.
 
 Sequence parallelism (Korthikanti et al. 2022, §4.2.2) keeps the activations outside the
 tensor-parallel region cut along the sequence: rank r holds tokens r T/t .. (r+1) T/t - 1 of

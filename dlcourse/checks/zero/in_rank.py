@@ -4,7 +4,7 @@ under `dlcourse grade` this is the one module of the set a rank loads (`answers.
 `grading/absent.py`). The rank builds the model the case names; the shards it starts from (its
 master shard, its piece of a stage-3 unit) are cut in the checking process and handed to it as
 data, and the reference runs (one process on the whole batch, the unsharded gradients) are
-computed there too (`steps.py`, `units.py`).
+computed there too (`zero_step.py`, `gather_and_free.py`).
 """
 
 import torch

@@ -1,4 +1,4 @@
-"""Lesson 06's check of an interleaved 1F1B action list (`pipeline.py` re-exports it):
+"""Lesson 06's check of an interleaved 1F1B action list (the package's `__init__.py` re-exports it):
 
     check_schedule_interleaved(schedule_interleaved)   one rank's list, v chunks per rank
 
@@ -26,7 +26,7 @@ from dlcourse.checks.pipeline.in_rank import interleaved_in_rank
 from dlcourse.parallel.pipeline.measure import bubble_fraction, in_flight_peak, simulate
 from dlcourse.parallel.pipeline.schedules import Action
 
-RUN_TIMEOUT_S = 3 * CHECK_TIMEOUT_S  # up to 5 ranks on a loaded machine (see schedules.py)
+RUN_TIMEOUT_S = 3 * CHECK_TIMEOUT_S  # up to 5 ranks on a loaded machine (see schedule_1f1b.py)
 # the simulator adds unit lengths divided by v (2 or 3): float rounding of a sum of a few
 # hundred such terms, ~1e-14; a wrong schedule moves the bubble by at least 1/(v m + p - 1)^2
 BUBBLE_TOL = 1e-9

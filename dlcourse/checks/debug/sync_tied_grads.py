@@ -23,7 +23,7 @@ torch.distributed, so copies that swap gradients through a shared file fail.
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.checks.debug.answers import ANSWERS
-from dlcourse.checks.debug.fix import reference_run
+from dlcourse.checks.debug.sync_sequence_parallel_grads import reference_run
 from dlcourse.checks.debug.in_rank import MICRO_BATCHES, STEPS, pp_config as config, tied_in_rank
 from dlcourse.debug.compare import TOLERANCE
 

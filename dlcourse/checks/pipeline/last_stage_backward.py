@@ -8,7 +8,7 @@ import torch
 from dlcourse.checks.core import expect_callable, fail, fresh_cases, run_on_ranks
 from dlcourse.checks.pipeline.answers import ANSWERS
 from dlcourse.checks.pipeline.in_rank import loss_in_rank
-from dlcourse.checks.pipeline.schedules import RUN_TIMEOUT_S, _chain, one_f_one_b
+from dlcourse.checks.pipeline.schedule_1f1b import RUN_TIMEOUT_S, _chain, one_f_one_b
 from dlcourse.checks.pipeline.stages import expect_stage_grads, join, whole_batch
 
 

@@ -1,5 +1,5 @@
 """Lesson 06's 1F1B check, run on real stages (the set's guide is `__init__.py`; the loss
-scaling, run the same way, is in `loss.py`).
+scaling, run the same way, is in `last_stage_backward.py`).
 
 A schedule is data: each rank's list of ("F", i) and ("B", i). The check plays every rank's list
 against the others' before any process starts (`schedule_problem`): a micro-batch missing or run

@@ -30,7 +30,7 @@ from dlcourse.checks.core import (CheckFailed, expect_callable, fail, fresh_case
                                   run_on_ranks)
 from dlcourse.checks.core.stubs import not_written, stub_message
 from dlcourse.checks.debug.answers import ANSWERS
-from dlcourse.checks.debug.divergence import _expect_place, _read
+from dlcourse.checks.debug.first_divergence import _expect_place, _read
 from dlcourse.checks.debug.in_rank import answer_as_data
 from dlcourse.checks.debug.reference import first_gap
 from dlcourse.checks.debug.runs import traces_on_rank
