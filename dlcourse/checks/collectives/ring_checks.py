@@ -6,9 +6,11 @@
 
 The ring checks run the student's function on 4, 3 and 2 real gloo ranks, on lengths that the
 world size does not divide (and shorter than it), in float32 and float64, and compare every
-rank's result with torch's own collective on the same inputs. `rings.py` runs them and holds the
-student to a ring: send/recv only (torch's collectives and the course's own rings refused), to
-one neighbour and from the other, a chunk per step. A wrong chunk is named with what it holds
+rank's result with torch's own collective on the same inputs (and one case of chunks of 2 KiB or
+more, `rings.wide_case`, where the bytes each rank received, counted outside it, are bounded
+both ways). `rings.py` runs them and holds the student to a ring: send/recv only (torch's
+collectives and the course's own rings refused), to one neighbour and from the other, a chunk
+per step. A wrong chunk is named with what it holds
 instead, and what that says about the ring.
 """
 
@@ -21,7 +23,7 @@ from dlcourse.checks.core import (
 )
 from dlcourse.checks.collectives.rings import (
     Case, check_ring, chunk_bounds, expect_chunks, holds, in_flat, join, sizes, sum_of,
-    whole_numbers,
+    whole_numbers, wide_case,
 )
 
 # (world_size, shape, dtype): the lesson's 4 ranks with even chunks first, then chunks of unequal
@@ -67,7 +69,7 @@ def check_ring_reduce_scatter(ring_reduce_scatter, timeout=CHECK_TIMEOUT_S, *, r
     summed over every rank's x, from send/recv only, leaving x as it was."""
     __tracebackhide__ = True
     cases = []
-    for n, shape, dtype in RING_CASES + [_drawn_ring_case(rng)]:
+    for n, shape, dtype in RING_CASES + [_drawn_ring_case(rng), wide_case(rng)]:
         xs = [whole_numbers(shape, dtype, seed=rng.randrange(2**31)) for _ in range(n)]
         bounds = chunk_bounds(xs[0].numel(), n)
         where = (f"ring_reduce_scatter on {n} ranks, x: {describe(xs[0])} in chunks of "
@@ -134,7 +136,7 @@ def check_ring_all_gather(ring_all_gather, timeout=CHECK_TIMEOUT_S, *, rng):
     (of tensor_split(world_size)) is rank c's chunk, from send/recv only, leaving chunk as is."""
     __tracebackhide__ = True
     cases = []
-    for n, shape, dtype in RING_CASES + [_drawn_ring_case(rng)]:
+    for n, shape, dtype in RING_CASES + [_drawn_ring_case(rng), wide_case(rng)]:
         whole = whole_numbers(shape, dtype, seed=rng.randrange(2**31))
         bounds = chunk_bounds(whole.numel(), n)
         where = (f"ring_all_gather(chunk, numel={whole.numel()}) on {n} ranks, "
@@ -195,7 +197,8 @@ def check_ring_all_reduce(ring_all_reduce, timeout=CHECK_TIMEOUT_S, *, rng):
     place like dist.all_reduce, for any shape, from send/recv only."""
     __tracebackhide__ = True
     cases = []
-    for n, shape, dtype in ALL_REDUCE_CASES + [_drawn_ring_case(rng, matrix=True)]:
+    for n, shape, dtype in ALL_REDUCE_CASES + [_drawn_ring_case(rng, matrix=True),
+                                             wide_case(rng, least=3)]:
         xs = [whole_numbers(shape, dtype, seed=rng.randrange(2**31)) for _ in range(n)]
         bounds = chunk_bounds(xs[0].numel(), n)
         flat = ", flattened," if len(shape) > 1 else ""

@@ -45,6 +45,9 @@ The API:
   that count, for `ranks.expect_received_at_most` after the check's own messages: data a rank did
   not need fails. gloo's headers count too (~144 B a message a peer): allow `HEADER_ROOM` a peer
   above the data, and give one case `WIRE_FLOOR` (2 KiB) or more from each rank to each other.
+  `ranks.expect_received_data(received, data, where, hint)` is that ceiling for a check whose
+  messages are its data (`data[r]`: the bytes rank r must receive), and
+  `ranks.wire_floor_units(nbytes)` how many pieces of nbytes make a wide case.
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it
