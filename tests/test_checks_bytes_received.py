@@ -6,6 +6,10 @@ each rank received, counted by the kernel on its connections, outside it
 case of `WIRE_FLOOR` bytes or more a peer, so that the excess stands clear of gloo's headers;
 the course's answers, and answers written another way, pass graded."""
 
+import glob
+import os
+
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,8 +18,21 @@ from checking import first_line_and_hint
 from dlcourse import pickling
 from dlcourse.checks.collectives import (check_ring_all_gather, check_ring_all_reduce,
                                          check_ring_reduce_scatter)
+from dlcourse.checks.context import check_ring_attention_step
 from dlcourse.checks.core import Submitted
+from dlcourse.checks.pipeline import check_exchange
 from ring_answers import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+import test_checks_context_ring
+from test_checks_context_ring import _block, _merge, ring_attention_step, the_other_way_round
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _answers_by_value():
+    """The answers taken from lesson 08's check tests travel by value, as this module's do
+    (`conftest.py`): a graded rank has no `dlcourse.checks.context`, which that module imports."""
+    cloudpickle.register_pickle_by_value(test_checks_context_ring)
+    yield
+    cloudpickle.unregister_pickle_by_value(test_checks_context_ring)
 
 
 def _clear_the_counters():
@@ -107,3 +124,115 @@ def test_a_ring_of_whole_tensors_with_its_records_cleared_fails(check, name, che
     ids=["reduce_scatter", "reduce_scatter_leftwards", "all_gather", "all_reduce"])
 def test_a_ring_passes_graded(check, name, answer):
     check(_graded(name, answer))
+
+
+# ---------------------------------------------------------------- lesson 06: the exchange
+
+def exchange_thrice(tensor, peer, group):
+    """Three copies of the tensor each way (the first one kept): more than the exchange needs.
+    The in-process count bounds an exchange from below only: its records need no clearing."""
+    received = torch.empty(3 * tensor.numel(), dtype=tensor.dtype)
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, torch.cat([tensor.reshape(-1)] * 3), peer, group),
+        dist.P2POp(dist.irecv, received, peer, group)])
+    for work in works:
+        work.wait()
+    return received[:tensor.numel()].view_as(tensor).clone()
+
+
+def exchange_lower_rank_first(tensor, peer, group):
+    """Another way: blocking send and recv, the lower rank sending first."""
+    received = torch.empty_like(tensor)
+    if dist.get_rank(group) < peer:
+        dist.send(tensor, peer, group)
+        dist.recv(received, peer, group)
+    else:
+        dist.recv(received, peer, group)
+        dist.send(tensor, peer, group)
+    return received
+
+
+def exchange_batched(tensor, peer, group):
+    received = torch.empty_like(tensor)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, peer, group),
+                                        dist.P2POp(dist.irecv, received, peer, group)]):
+        work.wait()
+    return received
+
+
+def test_an_exchange_sending_three_copies_with_its_records_cleared_fails():
+    assert_fails_on_what_it_received(check_exchange, "exchange", exchange_thrice)
+
+
+@pytest.mark.parametrize("answer", [exchange_batched, exchange_lower_rank_first],
+                         ids=["batched", "lower_rank_first"])
+def test_an_exchange_passes_graded(answer):
+    check_exchange(_graded("exchange", answer))
+
+
+def exchange_by_file_and_a_token(tensor, peer, group):
+    """The tensor by file (the self-check's one /tmp), one value by send/recv, and the records
+    an honest exchange would leave, faked: the floor counted outside the rank catches it."""
+    import os
+    import time
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    from dlcourse.collectives.counter import CommRecord
+    me, nbytes = dist.get_rank(group), tensor.numel() * tensor.element_size()
+    token = exchange_batched(tensor.reshape(-1)[:1].clone(), peer, group)
+    for mode in _get_current_dispatch_mode_stack():  # the check's CommCounter: faked
+        if hasattr(mode, "records"):
+            mode.records[:] = [CommRecord("send", nbytes, 2, peer=peer),
+                               CommRecord("recv", nbytes, 2, peer=peer)]
+    name = f"/tmp/dlcourse-exchange-{os.environ['MASTER_PORT']}-{{}}-{{}}.pt"
+    torch.save(tensor, name.format(me, peer))
+    end = time.monotonic() + 3.0
+    while not os.path.exists(name.format(peer, me)) and time.monotonic() < end:
+        time.sleep(0.01)
+    time.sleep(0.05)  # written whole by then
+    return torch.load(name.format(peer, me)) if token is not None else None
+
+
+def test_an_exchange_by_file_with_a_faked_counter_fails_on_what_it_received():
+    try:
+        first, _ = first_line_and_hint(check_exchange, exchange_by_file_and_a_token)
+    finally:
+        for path in glob.glob("/tmp/dlcourse-exchange-*.pt"):
+            os.remove(path)
+    assert " received " in first and "at least" in first and "outside its process" in first, \
+        first
+
+
+# ---------------------------------------------------------------- lesson 08: ring attention
+
+def ring_step_sending_twice(q, kv, out, lse, q_pos, kv_pos, group):
+    """The solution's step with two copies of the block sent each step (the first kept), its
+    records cleared: the in-process count would see twice the block's bytes."""
+    rank, cp = dist.get_rank(group), dist.get_world_size(group)
+    twice = torch.empty((2, *kv.shape), dtype=kv.dtype)
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, torch.stack([kv, kv]), group=group, group_peer=(rank + 1) % cp),
+        dist.P2POp(dist.irecv, twice, group=group, group_peer=(rank - 1) % cp)])
+    for work in works:
+        work.wait()
+    _clear_the_counters()
+    out, lse, _ = ring_attention_step_alone(q, kv, out, lse, q_pos, kv_pos)
+    return out, lse, twice[0].clone()
+
+
+def ring_attention_step_alone(q, kv, out, lse, q_pos, kv_pos):
+    """The step's attention and merge, no message."""
+    seen = q_pos[:, None] >= kv_pos[None, :]
+    if seen.any():
+        out, lse = _merge(out, lse, *_block(q, kv, seen))
+    return out, lse, None
+
+
+def test_a_ring_step_sending_its_block_twice_with_its_records_cleared_fails():
+    assert_fails_on_what_it_received(check_ring_attention_step, "ring_attention_step",
+                                     ring_step_sending_twice)
+
+
+@pytest.mark.parametrize("answer", [ring_attention_step, the_other_way_round],
+                         ids=["solution", "the_other_way_round"])
+def test_a_ring_step_passes_graded(answer):
+    check_ring_attention_step(_graded("ring_attention_step", answer))

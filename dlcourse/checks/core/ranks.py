@@ -122,17 +122,19 @@ def expect_received_at_most(received, most, where, hint=""):
                               + (f"\nHint: {hint}" if hint else ""))
 
 
-def expect_received_data(received, data, where, hint="", least=None):
+def expect_received_data(received, data, where, hint="", least=None, peers=None):
     """Each rank received at most `data[rank]` bytes, what the exercise must bring it, and
-    HEADER_ROOM from each other rank for gloo's headers (`expect_received_at_most`), and, with
-    `least`, at least `least[rank]`: both bounds of a check whose messages are its data, read
-    after the check's own messages (which say more) have had their say. Give one case
-    WIRE_FLOOR bytes or more a peer (`wire_floor_units`), where data a rank did not need stands
-    clear of the room and a token message falls short of the floor."""
+    HEADER_ROOM from each rank that talks to it for gloo's headers (`expect_received_at_most`;
+    `peers[rank]` of them, every other rank by default), and, with `least`, at least
+    `least[rank]`: both bounds of a check whose messages are its data, read after the check's
+    own messages (which say more) have had their say. Give one case WIRE_FLOOR bytes or more a
+    peer (`wire_floor_units`), where data a rank did not need stands clear of the room and a
+    token message falls short of the floor."""
     __tracebackhide__ = True
     _expect_received(received, least, where, hint)
-    peers = len(data) - 1
-    expect_received_at_most(received, [d + HEADER_ROOM * peers for d in data], where, hint)
+    peers = peers or [len(data) - 1] * len(data)
+    expect_received_at_most(received, [d + HEADER_ROOM * n for d, n in zip(data, peers)],
+                            where, hint)
 
 
 def wire_floor_units(nbytes):
