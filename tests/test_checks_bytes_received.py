@@ -22,6 +22,7 @@ from dlcourse.checks.context import check_ring_attention_step
 from dlcourse.checks.core import Submitted
 from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
+from dlcourse.checks.tensor import check_sequence_parallel
 from ring_answers import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 import test_checks_context_ring
 from test_checks_context_ring import _block, _merge, ring_attention_step, the_other_way_round
@@ -247,3 +248,98 @@ def test_a_ring_step_sending_its_block_twice_with_its_records_cleared_fails():
                          ids=["solution", "the_other_way_round"])
 def test_a_ring_step_passes_graded(answer):
     check_ring_attention_step(_graded("ring_attention_step", answer))
+
+
+# ---------------------------------------------------------------- lesson 04: the SP pair
+
+def _gather_sp(x, group):
+    pieces = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, x.contiguous(), group=group)
+    return torch.cat(pieces, dim=1)
+
+
+def _reduce_scatter_sp(x, group):
+    chunks = [c.contiguous() for c in x.chunk(dist.get_world_size(group), dim=1)]
+    out = torch.empty_like(chunks[0])
+    dist.reduce_scatter(out, chunks, group=group)
+    return out
+
+
+class GatherSequence(torch.autograd.Function):  # the solution notebook's
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_sp(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_sp(grad, ctx.group), None
+
+
+class ReduceScatterSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_sp(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_sp(grad, ctx.group), None
+
+
+class GatherSingle(torch.autograd.Function):  # another way: the tensor forms, T first
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        t = dist.get_world_size(group)
+        shard = x.transpose(0, 1).contiguous()  # (T/t, B, h)
+        out = shard.new_empty((t * shard.size(0), *shard.shape[1:]))
+        dist.all_gather_into_tensor(out, shard, group=group)
+        return out.transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        t = dist.get_world_size(ctx.group)
+        whole = grad.transpose(0, 1).contiguous()  # (T, B, h)
+        out = whole.new_empty((whole.size(0) // t, *whole.shape[1:]))
+        dist.reduce_scatter_tensor(out, whole, group=ctx.group)
+        return out.transpose(0, 1), None
+
+
+class ScatterByAllGather(torch.autograd.Function):
+    """Every rank's whole partial gathered and summed, this rank's tokens kept, the counter's
+    last record faked into the reduce-scatter it should have been."""
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        t, me = dist.get_world_size(group), dist.get_rank(group)
+        wholes = [torch.empty_like(x) for _ in range(t)]
+        dist.all_gather(wholes, x.contiguous(), group=group)
+        _fake_the_last_record(CommRecord("reduce_scatter", x.numel() * x.element_size(), t))
+        return sum(wholes).chunk(t, dim=1)[me].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_sp(grad, ctx.group), None
+
+
+def _fake_the_last_record(record):
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    for mode in _get_current_dispatch_mode_stack():
+        if getattr(mode, "records", None):
+            mode.records[-1] = record
+
+
+def test_a_reduce_scatter_made_of_an_all_gather_with_a_faked_record_fails():
+    for pair in ((GatherSequence, ScatterByAllGather),
+                 (_graded("GatherSequence", GatherSequence),
+                  _graded("ReduceScatterSequence", ScatterByAllGather))):
+        first, _ = first_line_and_hint(check_sequence_parallel, *pair)
+        assert " received " in first and "at most" in first and "outside its process" in first, \
+            first
+
+
+@pytest.mark.parametrize("gather", [GatherSequence, GatherSingle], ids=["lists", "tensors"])
+def test_the_pair_passes_graded(gather):
+    check_sequence_parallel(_graded("GatherSequence", gather),
+                            _graded("ReduceScatterSequence", ReduceScatterSequence))

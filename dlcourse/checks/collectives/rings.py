@@ -32,7 +32,7 @@ from dlcourse.checks.collectives.answers import ANSWERS
 from dlcourse.checks.collectives.in_rank import WHY_SEND_RECV, sends_and_recvs_only
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, expect_callable,
                                   expect_tensor, fail, run_on_ranks)
-from dlcourse.checks.core.ranks import WIRE_FLOOR, expect_received_data, wire_floor_units
+from dlcourse.checks.core.received import WIRE_FLOOR, expect_received_data, wire_floor_units
 
 # float32 holds whole numbers exactly up to 2^24 and float64 up to 2^53: values below 2^20 and
 # 2^40 keep a sum of 4 ranks exact in its own dtype (so results must equal torch's bit for bit,

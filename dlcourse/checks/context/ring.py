@@ -36,7 +36,7 @@ from dlcourse.checks.context.reference import attention, contiguous, normal, wor
 from dlcourse.checks.context.ring_mistakes import RING_HINT, explain, keys_seen
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, describe, expect_callable, fail,
                                   fresh_cases, run_on_ranks)
-from dlcourse.checks.core.ranks import WIRE_FLOOR, expect_received_data, wire_floor_units
+from dlcourse.checks.core.received import WIRE_FLOOR, expect_received_data, wire_floor_units
 
 WHY_P2P = ("the K/V blocks go around the ring with point-to-point ops: dist.send/recv, "
            "isend/irecv or batch_isend_irecv")

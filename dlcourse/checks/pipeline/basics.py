@@ -6,7 +6,7 @@ import torch
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, call_each_in_process, describe,
                                   expect_callable, fail, fresh_cases, kind, run_on_ranks)
-from dlcourse.checks.core.ranks import WIRE_FLOOR, expect_received_data, wire_floor_units
+from dlcourse.checks.core.received import WIRE_FLOOR, expect_received_data, wire_floor_units
 from dlcourse.checks.pipeline.answers import ANSWERS
 from dlcourse.checks.pipeline.in_rank import exchange_in_rank
 from dlcourse.checks.pipeline.stages import join, stage_counts

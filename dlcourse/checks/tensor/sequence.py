@@ -15,12 +15,18 @@ sent its tokens, its rows or columns of the weights and its tokens' upstream gra
 collectives are counted by kind and bytes (`CommCounter`): the pair makes, in forward and again
 in backward, one all-gather and one reduce-scatter of the whole (B, T, h), nothing else; the
 LayerNorm's gradients take one all-reduce of its 2h numbers. `answers.ANSWERS` is refused while
-the student's code runs (exercise 8's block runs the lesson's pair before that).
+the student's code runs (exercise 8's block runs the lesson's pair before that). And what each
+rank received is counted by the kernel, outside it: for the pair, no more than torch's own
+all-gathers and reduce-scatters of the same tensors receive (gloo's reduce-scatter receives about
+what an all-reduce does, so the measure is torch's, not a formula) and HEADER_ROOM a peer, on 3
+and 4 ranks with shards of WIRE_FLOOR bytes or more: every rank's whole tensor gathered where a
+reduce-scatter belongs fails, whatever the rank's own counter says.
 """
 
 import copy
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -29,6 +35,7 @@ from dlcourse.checks.core import (CHECK_TIMEOUT_S, CheckFailed, StudentCode, Sub
                                   expect_callable, expect_tensor, fail, kind, random_tensor,
                                   run_on_ranks)
 from dlcourse.checks.core.cases import fresh_cases
+from dlcourse.checks.core.received import WIRE_FLOOR, expect_received_data, torch_received
 from dlcourse.checks.core.stubs import not_written, stub_message
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
@@ -53,9 +60,11 @@ SYNC_HINT = ("each rank's LayerNorm saw only its own tokens: all-reduce (sum) th
 SEQUENCE = ANSWERS.but(allow=ANSWERS.allow + ("_shape_checked", "_block"))  # the harness's
 
 
-def draw_block(rng, tp):
-    """(x, ln, a, b, upstream): B 1-2, T = tp k, h 2-5, f = tp j; float64, fresh seeds."""
+def draw_block(rng, tp, h_bytes=0):
+    """(x, ln, a, b, upstream): B 1-2, T = tp k, h 2-5, f = tp j; float64, fresh seeds. With
+    `h_bytes`, h wide enough that a rank's (B, T/t, h) shard holds that many bytes or more."""
     B, T, h = rng.randint(1, 2), tp * rng.randint(1, 3), rng.randint(2, 5)
+    h = max(h, -(-h_bytes // (8 * B * T // tp)))
     f = tp * rng.randint(1, 3)
     ln, a, b = (nn.LayerNorm(h, dtype=torch.float64), nn.Linear(h, f, dtype=torch.float64),
                 nn.Linear(f, h, bias=False, dtype=torch.float64))
@@ -124,20 +133,52 @@ def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, timeout=CH
                         else pickling.dumps(reduce_scatter_sequence),
                         guard=SEQUENCE.in_rank)
     for tp in draw_tp_sizes(rng):
-        x, ln, a, b, upstream = draw_block(rng, tp)
+        # on 3 or 4 ranks a reduce-scatter receives less than gathering every rank's whole
+        # tensor (on 2, gloo's receives as much): there shards of WIRE_FLOOR bytes or more
+        x, ln, a, b, upstream = draw_block(rng, tp, WIRE_FLOOR if tp > 2 else 0)
         where = (f"sequence parallelism on {tp} ranks, x {tuple(x.shape)} cut along dim 1, "
                  f"Linear({a.in_features}, {a.out_features})")
+        received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
         outcomes = run_on_ranks(gather_sequence, [(*r, other) for r in
                                                   rank_args(x, ln, a, b, upstream, tp)],
                                 exercise="GatherSequence", where=where, hint=PAIR_HINT,
-                                harness=pair_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
+                                harness=pair_in_rank, guard=SEQUENCE.in_rank, timeout=timeout,
+                                received=received)
         y, x_grad, grads = reference(x, ln, a, b, upstream)
         for rank, (got, _) in enumerate(outcomes):
             _expect_pair(got, rank, tp, y, x_grad, grads, x, where)
+        _expect_pair_received(received, x, tp, where)
     print("GatherSequence, ReduceScatterSequence: passed on 3 cases drawn afresh "
           "(2, 3 and 4 ranks): every rank's tokens of y, of x's gradient and its weights' "
           "gradients equal one process's; forward and backward each one all-gather and one "
           "reduce-scatter of the whole (B, T, h)")
+
+
+def _expect_pair_received(received, x, tp, where):
+    """What each rank received, counted outside it: no more than torch's own all-gathers and
+    reduce-scatters of the same shards receive (and HEADER_ROOM a peer), no less than the
+    others' shards four times (two all-gathers, two reduce-scatters)."""
+    __tracebackhide__ = True
+    shard = x.chunk(tp, dim=1)[0]  # (B, T/t, h)
+    nbytes = shard.numel() * shard.element_size()
+    most = torch_received(_pair_messages, [(shard,)] * tp, ways=("list", "tensor"))
+    expect_received_data(received, most, where, PAIR_HINT, least=[4 * (tp - 1) * nbytes] * tp)
+
+
+def _pair_messages(shard, way):
+    """torch's own messages of the pair on a rank's (B, T/t, h) shard, forward and backward:
+    two all-gathers of the shards and two reduce-scatters of the whole (B, T, h), in the list
+    forms or the tensor forms."""
+    t = dist.get_world_size()
+    flat, whole = shard.reshape(-1), torch.cat([shard] * t, dim=1)
+    for _ in range(2):
+        if way == "list":
+            dist.all_gather([torch.empty_like(shard) for _ in range(t)], shard)
+            dist.reduce_scatter(torch.empty_like(shard),
+                                [c.contiguous() for c in whole.chunk(t, dim=1)])
+        else:
+            dist.all_gather_into_tensor(flat.new_empty(t * flat.numel()), flat)
+            dist.reduce_scatter_tensor(torch.empty_like(flat), whole.transpose(0, 1).reshape(-1))
 
 
 def _is_function_class(fn):
