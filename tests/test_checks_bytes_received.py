@@ -22,7 +22,7 @@ from dlcourse.checks.context import check_ring_attention_step
 from dlcourse.checks.core import Submitted
 from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
-from dlcourse.checks.tensor import check_sequence_parallel
+from dlcourse.checks.tensor import check_layernorm_grads, check_sequence_parallel
 from ring_answers import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 import test_checks_context_ring
 from test_checks_context_ring import _block, _merge, ring_attention_step, the_other_way_round
@@ -343,3 +343,39 @@ def test_a_reduce_scatter_made_of_an_all_gather_with_a_faked_record_fails():
 def test_the_pair_passes_graded(gather):
     check_sequence_parallel(_graded("GatherSequence", gather),
                             _graded("ReduceScatterSequence", ReduceScatterSequence))
+
+
+# ---------------------------------------------------------------- lesson 04: LayerNorm grads
+
+def sync_by_all_gather_faked(layernorm, group):
+    """Every rank's gradients gathered and summed (t times an all-reduce's bytes), the
+    counter's records faked into the all-reduce they should have been."""
+    t = dist.get_world_size(group)
+    for p in layernorm.parameters():
+        parts = [torch.empty_like(p.grad) for _ in range(t)]
+        dist.all_gather(parts, p.grad, group=group)
+        p.grad.copy_(torch.stack(parts).sum(0))
+        _fake_the_last_record(CommRecord("all_reduce", p.grad.numel() * p.grad.element_size(), t))
+
+
+def sync_layernorm_grads(layernorm, group):
+    for p in layernorm.parameters():
+        dist.all_reduce(p.grad, group=group)
+
+
+def sync_flat(layernorm, group):  # another way: one all-reduce of both, copied back
+    grads = [p.grad for p in layernorm.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
+
+def test_layernorm_grads_gathered_with_faked_records_fail():
+    assert_fails_on_what_it_received(check_layernorm_grads, "sync_layernorm_grads",
+                                     sync_by_all_gather_faked)
+
+
+@pytest.mark.parametrize("answer", [sync_layernorm_grads, sync_flat], ids=["two", "flat"])
+def test_layernorm_grads_pass_graded(answer):
+    check_layernorm_grads(_graded("sync_layernorm_grads", answer))

@@ -20,7 +20,9 @@ rank received is counted by the kernel, outside it: for the pair, no more than t
 all-gathers and reduce-scatters of the same tensors receive (gloo's reduce-scatter receives about
 what an all-reduce does, so the measure is torch's, not a formula) and HEADER_ROOM a peer, on 3
 and 4 ranks with shards of WIRE_FLOOR bytes or more: every rank's whole tensor gathered where a
-reduce-scatter belongs fails, whatever the rank's own counter says.
+reduce-scatter belongs fails, whatever the rank's own counter says. The LayerNorm's
+gradients the same way: no more than torch's all-reduce of them receives, on 3 and 4 ranks with
+h of 256 or more (2 WIRE_FLOOR bytes).
 """
 
 import copy
@@ -60,11 +62,12 @@ SYNC_HINT = ("each rank's LayerNorm saw only its own tokens: all-reduce (sum) th
 SEQUENCE = ANSWERS.but(allow=ANSWERS.allow + ("_shape_checked", "_block"))  # the harness's
 
 
-def draw_block(rng, tp, h_bytes=0):
+def draw_block(rng, tp, h_bytes=0, h_least=0):
     """(x, ln, a, b, upstream): B 1-2, T = tp k, h 2-5, f = tp j; float64, fresh seeds. With
-    `h_bytes`, h wide enough that a rank's (B, T/t, h) shard holds that many bytes or more."""
+    `h_bytes`, h wide enough that a rank's (B, T/t, h) shard holds that many bytes or more; with
+    `h_least`, h that or more."""
     B, T, h = rng.randint(1, 2), tp * rng.randint(1, 3), rng.randint(2, 5)
-    h = max(h, -(-h_bytes // (8 * B * T // tp)))
+    h = max(h, h_least, -(-h_bytes // (8 * B * T // tp)))
     f = tp * rng.randint(1, 3)
     ln, a, b = (nn.LayerNorm(h, dtype=torch.float64), nn.Linear(h, f, dtype=torch.float64),
                 nn.Linear(f, h, bias=False, dtype=torch.float64))
@@ -248,21 +251,43 @@ def check_layernorm_grads(sync_layernorm_grads, timeout=CHECK_TIMEOUT_S, *, rng)
     __tracebackhide__ = True
     expect_callable(sync_layernorm_grads, "sync_layernorm_grads")
     for tp in draw_tp_sizes(rng):
-        x, ln, a, b, upstream = draw_block(rng, tp)
+        # on 3 or 4 ranks an all-reduce receives less than gathering every rank's gradients
+        # (on 2 as much): there 2h numbers of 2 WIRE_FLOOR bytes or more, h >= 256
+        x, ln, a, b, upstream = draw_block(rng, tp, h_least=WIRE_FLOOR // 8 if tp > 2 else 0)
         where = (f"sync_layernorm_grads on {tp} ranks, LayerNorm({x.shape[-1]}), x "
                  f"{tuple(x.shape)} cut along dim 1")
         ln_state = (ln.weight.detach().clone(), ln.bias.detach().clone())
+        received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
         outcomes = run_on_ranks(sync_layernorm_grads,  # rank r: its tokens' share only
                                 [(ln_state, own) for own in own_ln_grads(x, ln, a, b, upstream,
                                                                          tp)],
                                 exercise="sync_layernorm_grads", where=where, hint=SYNC_HINT,
-                                harness=sync_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
+                                harness=sync_in_rank, guard=SEQUENCE.in_rank, timeout=timeout,
+                                received=received)
         _, _, grads = reference(x, ln, a, b, upstream)
         for rank, (got, _) in enumerate(outcomes):
             _expect_synced(got, rank, tp, grads, ln, where)
+        _expect_sync_received(received, ln, tp, where)
     print("sync_layernorm_grads: passed on 3 cases drawn afresh (2, 3 and 4 ranks): "
           "every rank's LayerNorm gradients equal one process's on the whole sequence, one "
           "all-reduce of 2h numbers")
+
+
+def _expect_sync_received(received, ln, tp, where):
+    """What each rank received, counted outside it: no more than torch's own all-reduce of the
+    2h gradients receives (as one tensor or two) and HEADER_ROOM a peer; no less than the
+    (t - 1)/t of them that any all-reduce brings a rank."""
+    __tracebackhide__ = True
+    grads = torch.zeros(2, ln.weight.numel(), dtype=torch.float64)  # (2, h): weight, bias
+    most = torch_received(_sync_messages, [(grads,)] * tp, ways=("one", "two"))
+    least = (tp - 1) * grads.numel() * grads.element_size() // tp
+    expect_received_data(received, most, where, SYNC_HINT, least=[least] * tp)
+
+
+def _sync_messages(grads, way):
+    """torch's own all-reduce of a rank's LayerNorm gradients (2, h): one, or one a row."""
+    for part in ([grads] if way == "one" else list(grads)):
+        dist.all_reduce(part)
 
 
 def _expect_synced(got, rank, tp, grads, ln, where):
