@@ -20,6 +20,7 @@ from dlcourse.checks.collectives import (check_ring_all_gather, check_ring_all_r
                                          check_ring_reduce_scatter)
 from dlcourse.checks.context import check_ring_attention_step
 from dlcourse.checks.core import Submitted
+from dlcourse.checks.data import check_all_reduce_buckets
 from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor import check_layernorm_grads, check_sequence_parallel
@@ -379,3 +380,47 @@ def test_layernorm_grads_gathered_with_faked_records_fail():
 @pytest.mark.parametrize("answer", [sync_layernorm_grads, sync_flat], ids=["two", "flat"])
 def test_layernorm_grads_pass_graded(answer):
     check_layernorm_grads(_graded("sync_layernorm_grads", answer))
+
+
+# ---------------------------------------------------------------- lesson 03: the buckets
+
+def _flat_grads(params):
+    return torch.cat([torch.zeros(p.numel(), dtype=p.dtype) if p.grad is None
+                      else p.grad.reshape(-1) for p in params])
+
+
+def _unpack(params, flat):
+    for p, piece in zip(params, flat.split([p.numel() for p in params])):
+        if p.grad is not None:
+            p.grad.copy_(piece.view_as(p))
+
+
+def all_reduce_buckets(buckets, group):
+    for bucket in buckets:
+        flat = _flat_grads(bucket)
+        dist.all_reduce(flat, group=group)
+        _unpack(bucket, flat / dist.get_world_size(group))
+
+
+def buckets_gathered_faked(buckets, group):
+    """Each bucket gathered whole from every rank and summed (W - 1 times its bytes received,
+    where an all-reduce brings less), the check's event faked into an all-reduce."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    t = dist.get_world_size(group)
+    for bucket in buckets:
+        flat = _flat_grads(bucket)
+        parts = [torch.empty_like(flat) for _ in range(t)]
+        dist.all_gather(parts, flat, group=group)
+        for mode in _get_current_dispatch_mode_stack():
+            if getattr(mode, "events", None):
+                mode.events[-1] = ("all_reduce", flat.numel() * flat.element_size(), None)
+        _unpack(bucket, torch.stack(parts).sum(0) / t)
+
+
+def test_buckets_gathered_with_faked_events_fail():
+    assert_fails_on_what_it_received(check_all_reduce_buckets, "all_reduce_buckets",
+                                     buckets_gathered_faked)
+
+
+def test_buckets_pass_graded():
+    check_all_reduce_buckets(_graded("all_reduce_buckets", all_reduce_buckets))
