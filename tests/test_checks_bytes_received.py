@@ -24,6 +24,7 @@ from dlcourse.checks.data import check_all_reduce_buckets
 from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor import check_layernorm_grads, check_sequence_parallel
+from dlcourse.checks.zero import check_zero_step
 from ring_answers import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 import test_checks_context_ring
 from test_checks_context_ring import _block, _merge, ring_attention_step, the_other_way_round
@@ -424,3 +425,54 @@ def test_buckets_gathered_with_faked_events_fail():
 
 def test_buckets_pass_graded():
     check_all_reduce_buckets(_graded("all_reduce_buckets", all_reduce_buckets))
+
+
+# ---------------------------------------------------------------- lesson 05: the ZeRO step
+
+def _zero_flat(params, master):
+    N, s = dist.get_world_size(), master.numel()
+    flat = torch.cat([torch.zeros(p.numel(), dtype=master.dtype) if p.grad is None
+                      else p.grad.reshape(-1) for p in params])
+    return torch.nn.functional.pad(flat, (0, N * s - flat.numel()))
+
+
+def _zero_finish(params, master, optimizer, group, grad_shard):
+    N, s = dist.get_world_size(group), master.numel()
+    master.grad = grad_shard / N
+    for p in params:
+        p.grad = None
+    optimizer.step()
+    full = torch.empty(N * s, dtype=master.dtype)
+    dist.all_gather_into_tensor(full, master.detach(), group=group)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(full[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def zero_step(params, master, optimizer, group):
+    flat = _zero_flat(params, master)
+    grad_shard = torch.empty_like(master)
+    dist.reduce_scatter_tensor(grad_shard, flat, group=group)
+    _zero_finish(params, master, optimizer, group, grad_shard)
+
+
+def zero_step_gathered_faked(params, master, optimizer, group):
+    """Every rank's whole gradient buffer gathered and summed, this rank's shard kept, the
+    counter's record faked into the reduce-scatter it should have been."""
+    N, s, r = dist.get_world_size(group), master.numel(), dist.get_rank(group)
+    flat = _zero_flat(params, master)
+    everyone = torch.empty(N * N * s, dtype=master.dtype)
+    dist.all_gather_into_tensor(everyone, flat, group=group)
+    _fake_the_last_record(CommRecord("reduce_scatter", flat.numel() * flat.element_size(), N))
+    grad_shard = everyone.view(N, N * s).sum(dim=0)[r * s:(r + 1) * s].clone()
+    _zero_finish(params, master, optimizer, group, grad_shard)
+
+
+def test_a_zero_step_gathering_the_gradients_with_a_faked_record_fails():
+    assert_fails_on_what_it_received(check_zero_step, "zero_step", zero_step_gathered_faked)
+
+
+def test_a_zero_step_passes_graded():
+    check_zero_step(_graded("zero_step", zero_step))
