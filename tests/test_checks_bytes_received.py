@@ -20,7 +20,7 @@ from dlcourse.checks.collectives import (check_ring_all_gather, check_ring_all_r
                                          check_ring_reduce_scatter)
 from dlcourse.checks.context import check_ring_attention_step
 from dlcourse.checks.core import Submitted
-from dlcourse.checks.data import check_all_reduce_buckets
+from dlcourse.checks.data import check_all_reduce_buckets, check_broadcast_parameters
 from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor import check_layernorm_grads, check_sequence_parallel
@@ -476,3 +476,38 @@ def test_a_zero_step_gathering_the_gradients_with_a_faked_record_fails():
 
 def test_a_zero_step_passes_graded():
     check_zero_step(_graded("zero_step", zero_step))
+
+
+# ---------------------------------------------------------------- lesson 03: the broadcast
+
+def broadcast_parameters(model, group):
+    src = dist.get_global_rank(group, 0)
+    for p in model.parameters():
+        dist.broadcast(p.data, src=src, group=group)
+
+
+def broadcast_state_dict(model, group):  # another way: the state_dict (a tied matrix twice)
+    src = dist.get_global_rank(group, 0)
+    for t in model.state_dict().values():
+        dist.broadcast(t, src=src, group=group)
+
+
+def broadcast_by_all_gather(model, group):
+    """Every rank's parameters gathered, rank 0's kept: W - 1 models received, not one (no
+    in-process count: nothing to fake)."""
+    t = dist.get_world_size(group)
+    for p in model.parameters():
+        parts = [torch.empty_like(p.data) for _ in range(t)]
+        dist.all_gather(parts, p.data.contiguous(), group=group)
+        p.data.copy_(parts[0])
+
+
+def test_a_broadcast_made_of_an_all_gather_fails():
+    assert_fails_on_what_it_received(check_broadcast_parameters, "broadcast_parameters",
+                                     broadcast_by_all_gather)
+
+
+@pytest.mark.parametrize("answer", [broadcast_parameters, broadcast_state_dict],
+                         ids=["parameters", "state_dict"])
+def test_a_broadcast_passes_graded(answer):
+    check_broadcast_parameters(_graded("broadcast_parameters", answer))
