@@ -24,7 +24,7 @@ from dlcourse.checks.data import check_all_reduce_buckets, check_broadcast_param
 from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor import check_layernorm_grads, check_sequence_parallel
-from dlcourse.checks.zero import check_zero_step
+from dlcourse.checks.zero import check_gather_and_free, check_zero_step
 from ring_answers import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 import test_checks_context_ring
 from test_checks_context_ring import _block, _merge, ring_attention_step, the_other_way_round
@@ -511,3 +511,60 @@ def test_a_broadcast_made_of_an_all_gather_fails():
                          ids=["parameters", "state_dict"])
 def test_a_broadcast_passes_graded(answer):
     check_broadcast_parameters(_graded("broadcast_parameters", answer))
+
+
+# ---------------------------------------------------------------- lesson 05: a stage-3 unit
+
+def _unit_hooks(unit, gather, free):
+    def call(action):
+        def hook(*_):
+            action()
+        return hook
+    unit.register_forward_pre_hook(call(gather))
+    unit.register_forward_hook(call(free))
+    unit.register_full_backward_pre_hook(call(gather))
+    unit.register_full_backward_hook(call(free))
+
+
+def gather_and_free(unit, full, shard, group):
+    def gather():
+        full.untyped_storage().resize_(full.numel() * full.element_size())
+        dist.all_gather_into_tensor(full, shard, group=group)
+
+    def free():
+        full.untyped_storage().resize_(0)
+    _unit_hooks(unit, gather, free)
+
+
+def gather_once_and_fake(unit, full, shard, group):
+    """Gathers in the first pass only and keeps a copy (no memory saved); later passes copy it
+    back, make a one-element all-gather, and fake its record into the whole gather."""
+    kept = []
+
+    def gather():
+        full.untyped_storage().resize_(full.numel() * full.element_size())
+        if kept:
+            full.untyped_storage().copy_(kept[0].untyped_storage())  # no version bump
+            token = shard[:1].clone()
+            dist.all_gather_into_tensor(token.new_empty(dist.get_world_size(group)), token,
+                                        group=group)
+            _fake_the_last_record(CommRecord("all_gather", full.numel() * full.element_size(),
+                                             dist.get_world_size(group)))
+        else:
+            dist.all_gather_into_tensor(full, shard, group=group)
+            kept.append(full.clone())
+
+    def free():
+        full.untyped_storage().resize_(0)
+    _unit_hooks(unit, gather, free)
+
+
+def test_a_unit_gathered_once_with_a_faked_counter_fails_on_what_it_received():
+    for fn in (gather_once_and_fake, _graded("gather_and_free", gather_once_and_fake)):
+        first, _ = first_line_and_hint(check_gather_and_free, fn)
+        assert " received " in first and "at least" in first and "outside its process" in first, \
+            first
+
+
+def test_a_unit_passes_graded():
+    check_gather_and_free(_graded("gather_and_free", gather_and_free))

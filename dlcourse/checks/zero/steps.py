@@ -24,9 +24,8 @@ from dlcourse.checks.core.received import expect_received_data, torch_received
 from dlcourse.checks.data.replicas import expect_weights, run_steps, shards, whole_batch
 from dlcourse.checks.zero.answers import ANSWERS
 from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_cases, flat_of,
-                                        gradient, loss_fn, padded_shard)
+                                        gradient, loss_fn, padded_shard, wide_model)
 from dlcourse.checks.zero.in_rank import ADAMW, step_in_rank
-from dlcourse.models import GPTConfig
 
 
 # ---------------------------------------------------------------- exercise 2: the step
@@ -47,21 +46,12 @@ def check_zero_step(zero_step, timeout=CHECK_TIMEOUT_S, *, rng):
     expect_callable(zero_step, "zero_step")
     for i, (world_size, spec) in enumerate(draw_cases(rng, _psi)):  # the first: N ∤ Ψ
         if i > 0 and world_size > 2:  # the other of 3 and 4 ranks: shards clear of the headers
-            spec = _wide_model(rng)
+            spec = wide_model(rng)
         _check_step_case(zero_step, spec, world_size, rng.randint(1, 3), rng.randrange(10**6),
                          timeout)
     print("zero_step: passed on 3 cases (2, 3 and 4 ranks; MLPs and GPTs of random sizes; Ψ "
           "not a multiple of N), 2 AdamW steps equal to one process on the whole batch, only "
           "the gradient shard kept")
-
-
-def _wide_model(rng):
-    """A GPT of 2 heads, h 12 to 16: Ψ of 3,600 or more (drawn), each rank's float64 shard of
-    7 KiB or more on 4 ranks, where gathering every rank's gradients (3 buffers a step)
-    receives ~10 shards more than gloo's reduce-scatter over two steps, clear of its headers."""
-    return "GPT", GPTConfig(vocab_size=rng.randint(5, 16), seq_len=rng.randint(2, 5), n_layers=2,
-                            n_heads=2, hidden=2 * rng.randint(6, 8), bias=rng.random() < 0.5,
-                            tie_embeddings=rng.random() < 0.5)
 
 
 def _psi(spec):
