@@ -72,8 +72,9 @@ def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIME
     read by an unpickler that builds only a `RankOutcome`. No object a rank chose is ever
     unpickled here. Where Linux allows, each rank runs in a sandbox of its own: no file one rank
     writes is seen by another, and the files in `hide` cannot be read, once the modules the
-    job's own objects need are imported (`dlcourse/grading/rank_sandbox.py`). `absence` (`grading.absent.Absence`), if given, is
-    made true in each rank before it unpickles its job: the modules it names are not there."""
+    job's own objects need are imported (`dlcourse/grading/rank_sandbox.py`). `absence`
+    (`grading.absent.Absence`), if given, is made true in each rank before it unpickles its
+    job: the modules it names are not there."""
     return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=True,
                    hide=hide, wire=wire, absence=absence)
 

@@ -23,7 +23,7 @@ from dlcourse.checks.core import Submitted
 from dlcourse.checks.data import check_all_reduce_buckets, check_broadcast_parameters
 from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
-from dlcourse.checks.tensor import check_layernorm_grads, check_sequence_parallel
+from dlcourse.checks.tensor import check_f, check_g, check_layernorm_grads, check_sequence_parallel
 from dlcourse.checks.zero import check_gather_and_free, check_zero_step
 from ring_answers import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 import test_checks_context_ring
@@ -568,3 +568,70 @@ def test_a_unit_gathered_once_with_a_faked_counter_fails_on_what_it_received():
 
 def test_a_unit_passes_graded():
     check_gather_and_free(_graded("gather_and_free", gather_and_free))
+
+
+# ---------------------------------------------------------------- lesson 04: Megatron's f and g
+
+def _sum_by_all_gather(t, group):
+    """Every rank's t gathered and summed: an all-reduce's values, W - 1 tensors received."""
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.stack(parts).sum(0)
+
+
+class MegatronF(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class FByAllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _sum_by_all_gather(grad, ctx.group), None
+
+
+class MegatronG(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        summed = x.clone()
+        dist.all_reduce(summed, group=group)
+        return summed
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class GByAllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return _sum_by_all_gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+@pytest.mark.parametrize("check, name, cheat", [(check_f, "f", FByAllGather),
+                                                (check_g, "g", GByAllGather)], ids=["f", "g"])
+def test_f_and_g_by_all_gather_fail(check, name, cheat):
+    assert_fails_on_what_it_received(check, name, cheat)
+
+
+@pytest.mark.parametrize("check, name, answer", [(check_f, "f", MegatronF),
+                                                 (check_g, "g", MegatronG)], ids=["f", "g"])
+def test_f_and_g_pass_graded(check, name, answer):
+    check(_graded(name, answer))

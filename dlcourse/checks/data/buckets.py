@@ -10,7 +10,8 @@ bucket closed once it holds at least the cap. `check_all_reduce_buckets` runs on
 ranks, hands every rank that plan after its own backward, and compares every `.grad` with one
 process's gradient of the whole batch, watching for one all-reduce of a bucket's size per bucket,
 and bounds what each rank received, counted by the kernel outside it, by what torch's own
-all-reduces of the buckets receive (`core.received`). The package's `__init__` exports both, so a grader cell finds every lesson-03 check there.
+all-reduces of the buckets receive (`core.received`). The package's `__init__` exports both,
+so a grader cell finds every lesson-03 check there.
 """
 
 from dataclasses import dataclass

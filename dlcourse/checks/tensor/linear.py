@@ -43,11 +43,12 @@ def _where(exercise, tp, linear, x):
             f"{bias}), x of shape {tuple(x.shape)}")
 
 
-def _run(fn, exercise, where, hint, harness, rank_args, timeout):
-    """The harness's value on every rank; rank r is sent `rank_args[r]`, its shard only."""
+def _run(fn, exercise, where, hint, harness, rank_args, timeout, received=None):
+    """The harness's value on every rank; rank r is sent `rank_args[r]`, its shard only;
+    `received` (a dict), if given, filled with the bytes each rank received (`run_on_ranks`)."""
     return [value for value, _ in run_on_ranks(
         fn, rank_args, exercise=exercise, where=where, hint=hint, harness=harness,
-        guard=ANSWERS.in_rank, timeout=timeout)]
+        guard=ANSWERS.in_rank, timeout=timeout, received=received)]
 
 
 def _shards(tensor, tp, dim):

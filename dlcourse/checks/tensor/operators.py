@@ -1,10 +1,15 @@
 """Lesson 04's exercises 3 and 4: Megatron's f and g as autograd Functions, run on real ranks
-forward and backward against one process's nn.Linear (the set's guide is `__init__.py`)."""
+forward and backward against one process's nn.Linear (the set's guide is `__init__.py`). What
+each rank received is counted by the kernel, outside it, and bounded by torch's own all-reduce
+of the same tensor (`core.received`), on 3 and 4 ranks with 8 KiB or more to all-reduce: an
+all-gather and a sum in the all-reduce's place fail."""
 
 import torch
+import torch.distributed as dist
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, Submitted, expect_callable, expect_tensor, fail,
                                   fresh_cases, random_tensor)
+from dlcourse.checks.core.received import expect_received_data, torch_received, wire_floor_units
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
 from dlcourse.checks.tensor.in_rank import (_is_function_class, _not_a_function_class, f_in_rank,
                                             g_in_rank)
@@ -50,20 +55,39 @@ def _check_function(fn, name, rng, timeout):
     for tp in draw_tp_sizes(rng):
         split = "out" if name == "f" else "in"  # f enters a column layer, g leaves a row layer
         linear, x = _linear(rng, tp, bias=False, split=split)
+        if tp > 2:  # the all-reduced tensor 8 KiB or more (x's gradient for f, the output for g)
+            x = _wide_rows(x, linear.in_features if name == "f" else linear.out_features, rng)
         upstream = random_tensor(linear(x).shape, torch.float64, wide_seed(rng))
         where = _where(name, tp, linear, x)
         xr = x.clone().requires_grad_()
         (linear(xr) * upstream).sum().backward()  # one process: the whole layer's gradients
         harness, rank_args = ((f_in_rank, _f_shards(x, linear, upstream, tp)) if name == "f"
                               else (g_in_rank, _g_shards(x, linear, upstream, tp)))
+        received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
         got = _run(fn, name, where, F_HINT if name == "f" else G_HINT, harness, rank_args,
-                   timeout)
+                   timeout, received)
         for rank, (y, grad, *changed) in enumerate(got):  # g's harness: did x change?
             (_expect_f if name == "f" else _expect_g)(y, grad, x, xr, linear, upstream, tp, rank,
                                                       where, *changed)
+        reduced = x if name == "f" else linear(x)  # what the one all-reduce carries
+        most = torch_received(_all_reduce_of, [(torch.zeros_like(reduced),)] * tp)
+        expect_received_data(received, most, where, F_HINT if name == "f" else G_HINT)
     what = ("the identity forward, x's gradient summed over the ranks backward" if name == "f"
             else "the sum of the partial outputs forward, the gradient unchanged backward")
     print(f"{name}: passed on 3 cases drawn afresh (2, 3 and 4 ranks): {what}")
+
+
+def _wide_rows(x, width, rng):
+    """x with rows enough that a (rows, width) float64 tensor is 4 WIRE_FLOOR bytes or more: on
+    3 and 4 ranks an all-gather in the all-reduce's place then receives clear of the ceiling
+    (gloo's all-reduce of tiny tensors is mostly headers, more than an all-gather's)."""
+    rows = 4 * wire_floor_units(8 * width)
+    return random_tensor((rows, x.shape[-1]), torch.float64, wide_seed(rng))
+
+
+def _all_reduce_of(tensor, way):
+    """torch's own all-reduce of a tensor shaped like the one f or g all-reduces."""
+    dist.all_reduce(tensor)
 
 
 def _f_shards(x, linear, upstream, tp):
