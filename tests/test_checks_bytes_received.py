@@ -23,7 +23,9 @@ from dlcourse.checks.core import Submitted
 from dlcourse.checks.data import check_all_reduce_buckets, check_broadcast_parameters
 from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
-from dlcourse.checks.tensor import check_f, check_g, check_layernorm_grads, check_sequence_parallel
+from dlcourse.checks.tensor import (check_column_parallel_linear, check_f, check_g,
+                                    check_layernorm_grads, check_row_parallel_linear,
+                                    check_sequence_parallel)
 from dlcourse.checks.zero import check_gather_and_free, check_zero_step
 from ring_answers import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 import test_checks_context_ring
@@ -634,4 +636,53 @@ def test_f_and_g_by_all_gather_fail(check, name, cheat):
 @pytest.mark.parametrize("check, name, answer", [(check_f, "f", MegatronF),
                                                  (check_g, "g", MegatronG)], ids=["f", "g"])
 def test_f_and_g_pass_graded(check, name, answer):
+    check(_graded(name, answer))
+
+
+# ---------------------------------------------------------------- lesson 04: the linear layers
+
+def column_parallel_linear(x, weight, bias, group):
+    y_r = x @ weight.T + (0 if bias is None else bias)
+    blocks = [torch.empty_like(y_r) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(blocks, y_r.contiguous(), group=group)
+    return torch.cat(blocks, dim=-1)
+
+
+def column_by_padded_all_reduce(x, weight, bias, group):
+    """Each rank's block placed in a zero (..., out) and all-reduced: an all-reduce of the whole
+    output where an all-gather of the blocks belongs."""
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    y_r = x @ weight.T + (0 if bias is None else bias)
+    whole = y_r.new_zeros((*y_r.shape[:-1], t * y_r.shape[-1]))
+    whole[..., r * y_r.shape[-1]:(r + 1) * y_r.shape[-1]] = y_r
+    dist.all_reduce(whole, group=group)
+    return whole
+
+
+def row_parallel_linear(x, weight, bias, group):
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    partial = x.chunk(t, dim=-1)[r] @ weight.T
+    dist.all_reduce(partial, group=group)
+    return partial + (0 if bias is None else bias)
+
+
+def row_by_all_gather(x, weight, bias, group):
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    return _sum_by_all_gather(x.chunk(t, dim=-1)[r] @ weight.T, group) + (
+        0 if bias is None else bias)
+
+
+@pytest.mark.parametrize("check, name, cheat", [
+    (check_column_parallel_linear, "column_parallel_linear", column_by_padded_all_reduce),
+    (check_row_parallel_linear, "row_parallel_linear", row_by_all_gather)],
+    ids=["column", "row"])
+def test_linear_layers_moving_more_than_their_collective_fail(check, name, cheat):
+    assert_fails_on_what_it_received(check, name, cheat)
+
+
+@pytest.mark.parametrize("check, name, answer", [
+    (check_column_parallel_linear, "column_parallel_linear", column_parallel_linear),
+    (check_row_parallel_linear, "row_parallel_linear", row_parallel_linear)],
+    ids=["column", "row"])
+def test_linear_layers_pass_graded(check, name, answer):
     check(_graded(name, answer))

@@ -1,11 +1,16 @@
 """Lesson 04's column- and row-parallel linear checks, and what lesson 04's checks share
-(the set's guide is `__init__.py`)."""
+(the set's guide is `__init__.py`). What each rank received is counted by the kernel, outside
+it, and bounded by torch's own all-gather (column) or all-reduce (row) of the same tensors
+(`core.received`), on 3 and 4 ranks with 8 KiB or more to move: an all-reduce of zero-padded
+blocks where an all-gather belongs fails."""
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fresh_cases,
                                   random_tensor, run_on_ranks)
+from dlcourse.checks.core.received import expect_received_data, torch_received, wire_floor_units
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
 from dlcourse.checks.tensor.in_rank import column_in_rank, row_in_rank
@@ -35,6 +40,28 @@ def _linear(rng, tp, bias, split):
             linear.bias.copy_(random_tensor((n_out,), torch.float64, wide_seed(rng)))
     lead = rng.choice([(rng.randint(1, 5),), (rng.randint(1, 3), rng.randint(1, 4))])
     return linear, random_tensor((*lead, n_in), torch.float64, wide_seed(rng))
+
+
+def _wide_rows(x, width, rng):
+    """x with rows enough that a (rows, width) float64 tensor is 4 WIRE_FLOOR bytes or more: on
+    3 and 4 ranks an all-gather in the all-reduce's place then receives clear of the ceiling
+    (gloo's all-reduce of tiny tensors is mostly headers, more than an all-gather's)."""
+    rows = 4 * wire_floor_units(8 * width)
+    return random_tensor((rows, x.shape[-1]), torch.float64, wide_seed(rng))
+
+
+def _all_reduce_of(tensor, way):
+    """torch's own all-reduce of a tensor shaped like the one f or g all-reduces."""
+    dist.all_reduce(tensor)
+
+
+def _all_gather_of(block, way):
+    """torch's own all-gather of a block shaped like each rank's output block."""
+    t = dist.get_world_size()
+    if way == "list":
+        dist.all_gather([torch.empty_like(block) for _ in range(t)], block)
+    else:
+        dist.all_gather_into_tensor(block.new_empty(t * block.numel()), block.reshape(-1))
 
 
 def _where(exercise, tp, linear, x):
@@ -87,12 +114,21 @@ def _check_linear(fn, exercise, rng, timeout, split, no_bias, pieces, harness, h
     expect_callable(fn, exercise)
     for i, tp in enumerate(draw_tp_sizes(rng)):
         linear, x = _linear(rng, tp, bias=i != no_bias, split=split)
+        # what the layer's one collective carries: each rank's block (column), the whole
+        # output's partial sums (row); on 3 and 4 ranks 8 KiB or more, clear of the headers
+        width = linear.out_features // tp if split == "out" else linear.out_features
+        x = _wide_rows(x, width, rng) if tp > 2 else x
         where = _where(exercise, tp, linear, x)
         expected = linear(x).detach()
-        got = _run(fn, exercise, where, hint, harness, pieces(linear, x, tp), timeout)
+        received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
+        got = _run(fn, exercise, where, hint, harness, pieces(linear, x, tp), timeout, received)
         for rank, y in enumerate(got):
             expect_tensor(y, expected, where=where, rank=rank, tolerance=TOLERANCE,
                           hint=mistake(y, expected, linear, x, tp, rank), **TOL)
+        carried = torch.zeros(*x.shape[:-1], width, dtype=torch.float64)
+        most = (torch_received(_all_gather_of, [(carried,)] * tp, ways=("list", "tensor"))
+                if split == "out" else torch_received(_all_reduce_of, [(carried,)] * tp))
+        expect_received_data(received, most, where, hint)
 
 
 def _column_pieces(linear, x, tp):

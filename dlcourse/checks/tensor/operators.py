@@ -5,15 +5,15 @@ of the same tensor (`core.received`), on 3 and 4 ranks with 8 KiB or more to all
 all-gather and a sum in the all-reduce's place fail."""
 
 import torch
-import torch.distributed as dist
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, Submitted, expect_callable, expect_tensor, fail,
                                   fresh_cases, random_tensor)
-from dlcourse.checks.core.received import expect_received_data, torch_received, wire_floor_units
+from dlcourse.checks.core.received import expect_received_data, torch_received
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
 from dlcourse.checks.tensor.in_rank import (_is_function_class, _not_a_function_class, f_in_rank,
                                             g_in_rank)
-from dlcourse.checks.tensor.linear import TOL, TOLERANCE, _close, _linear, _run, _shards, _where
+from dlcourse.checks.tensor.linear import (TOL, TOLERANCE, _all_reduce_of, _close, _linear, _run,
+                                           _shards, _where, _wide_rows)
 
 
 # ---------------------------------------------------------------- exercises 3 and 4: f and g
@@ -75,19 +75,6 @@ def _check_function(fn, name, rng, timeout):
     what = ("the identity forward, x's gradient summed over the ranks backward" if name == "f"
             else "the sum of the partial outputs forward, the gradient unchanged backward")
     print(f"{name}: passed on 3 cases drawn afresh (2, 3 and 4 ranks): {what}")
-
-
-def _wide_rows(x, width, rng):
-    """x with rows enough that a (rows, width) float64 tensor is 4 WIRE_FLOOR bytes or more: on
-    3 and 4 ranks an all-gather in the all-reduce's place then receives clear of the ceiling
-    (gloo's all-reduce of tiny tensors is mostly headers, more than an all-gather's)."""
-    rows = 4 * wire_floor_units(8 * width)
-    return random_tensor((rows, x.shape[-1]), torch.float64, wide_seed(rng))
-
-
-def _all_reduce_of(tensor, way):
-    """torch's own all-reduce of a tensor shaped like the one f or g all-reduces."""
-    dist.all_reduce(tensor)
 
 
 def _f_shards(x, linear, upstream, tp):
