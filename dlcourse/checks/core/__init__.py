@@ -51,6 +51,8 @@ The API:
   `received.wire_floor_units(nbytes)` how many pieces of nbytes make a wide case, and
   `received.torch_received(job, rank_args)` what torch's own collectives receive (gloo's
   algorithms: its reduce-scatter receives about what an all-reduce does), the data to bound by.
+  Its wide case must be KiBs a tensor: on tensors of a few hundred bytes gloo's all-reduce
+  receives more than an all-gather of them (its messages' headers), so no bound tells them apart.
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it
