@@ -20,6 +20,7 @@ from dlcourse.checks.collectives import (check_ring_all_gather, check_ring_all_r
                                          check_ring_reduce_scatter)
 from dlcourse.checks.context import check_ring_attention_step
 from dlcourse.checks.core import Submitted
+from dlcourse.checks.launch import check_gather_all, check_sum_to_rank0
 from dlcourse.checks.data import check_all_reduce_buckets, check_broadcast_parameters
 from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
@@ -685,4 +686,47 @@ def test_linear_layers_moving_more_than_their_collective_fail(check, name, cheat
     (check_row_parallel_linear, "row_parallel_linear", row_parallel_linear)],
     ids=["column", "row"])
 def test_linear_layers_pass_graded(check, name, answer):
+    check(_graded(name, answer))
+
+
+# ---------------------------------------------------------------- lesson 00: the first ones
+
+def gather_all(x):
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    return torch.stack(parts)
+
+
+def gather_all_by_all_reduce(x):
+    """Each rank's x in its row of a zero stack, all-reduced: the whole stack moved round."""
+    stack = x.new_zeros((dist.get_world_size(), *x.shape))
+    stack[dist.get_rank()] = x
+    dist.all_reduce(stack)
+    return stack
+
+
+def sum_to_rank0(x):
+    total = x.clone()
+    dist.reduce(total, dst=0)
+    return total if dist.get_rank() == 0 else None
+
+
+def sum_to_rank0_by_all_gather(x):
+    """Every rank's x to every rank, summed on rank 0: all_reduce's bytes, not reduce's."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    return torch.stack(parts).sum(0) if dist.get_rank() == 0 else None
+
+
+@pytest.mark.parametrize("check, name, cheat", [
+    (check_gather_all, "gather_all", gather_all_by_all_reduce),
+    (check_sum_to_rank0, "sum_to_rank0", sum_to_rank0_by_all_gather)], ids=["gather", "sum"])
+def test_lesson_0_moving_more_than_its_collective_fails(check, name, cheat):
+    assert_fails_on_what_it_received(check, name, cheat)
+
+
+@pytest.mark.parametrize("check, name, answer", [
+    (check_gather_all, "gather_all", gather_all),
+    (check_sum_to_rank0, "sum_to_rank0", sum_to_rank0)], ids=["gather", "sum"])
+def test_lesson_0_passes_graded(check, name, answer):
     check(_graded(name, answer))
