@@ -26,7 +26,7 @@ from dlcourse.collectives.counter import CommRecord
 from dlcourse.checks.pipeline import check_exchange
 from dlcourse.checks.tensor import (check_column_parallel_linear, check_f, check_g,
                                     check_layernorm_grads, check_row_parallel_linear,
-                                    check_sequence_parallel)
+                                    check_sequence_parallel, check_vocab_parallel_cross_entropy)
 from dlcourse.checks.zero import check_gather_and_free, check_zero_step
 from ring_answers import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 import test_checks_context_ring
@@ -730,3 +730,40 @@ def test_lesson_0_moving_more_than_its_collective_fails(check, name, cheat):
     (check_sum_to_rank0, "sum_to_rank0", sum_to_rank0)], ids=["gather", "sum"])
 def test_lesson_0_passes_graded(check, name, answer):
     check(_graded(name, answer))
+
+
+# ---------------------------------------------------------------- lesson 04: the loss
+
+def vocab_loss(logits, targets, group):
+    """The lesson's loss, with a g of its own: max, sum of exp and target's logit all-reduced."""
+    r = dist.get_rank(group)
+    v = logits.shape[1]
+    m = logits.detach().max(dim=1).values
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - m[:, None]
+    local = targets - r * v
+    held = (local >= 0) & (local < v)
+    picked = shifted.gather(1, local.clamp(0, v - 1)[:, None])[:, 0] * held
+    sums = MegatronG.apply(torch.stack([shifted.exp().sum(dim=1), picked]), group)
+    return (torch.log(sums[0]) - sums[1]).mean()
+
+
+def vocab_loss_gathered(logits, targets, group):
+    """Every rank's logits gathered (the exercise's point is never to), the loss computed
+    whole and this rank's part kept differentiable, the counter's records faked into the three
+    all-reduces of a few numbers a token that an honest loss makes."""
+    tp, r = dist.get_world_size(group), dist.get_rank(group)
+    parts = [torch.empty_like(logits) for _ in range(tp)]
+    dist.all_gather(parts, logits.detach().contiguous(), group=group)
+    _fake_the_counters([CommRecord("all_reduce", 8 * len(targets), tp)] * 3)
+    parts[r] = logits
+    return torch.nn.functional.cross_entropy(torch.cat(parts, dim=1), targets)
+
+
+def test_a_loss_gathering_the_logits_with_its_records_cleared_fails():
+    assert_fails_on_what_it_received(check_vocab_parallel_cross_entropy,
+                                     "vocab_parallel_cross_entropy", vocab_loss_gathered)
+
+
+def test_the_loss_passes_graded():
+    check_vocab_parallel_cross_entropy(_graded("vocab_parallel_cross_entropy", vocab_loss))
