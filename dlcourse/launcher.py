@@ -63,7 +63,7 @@ def launch(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, *
 
 
 def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, hide=(),
-                   preload=(), absence=None, wire=None, **kwargs):
+                   absence=None, wire=None, **kwargs):
     """`launch` for ranks that run code you do not trust (`dlcourse grade`'s checks run a
     submission's functions this way): what each rank returns is turned into data in the rank
     (numpy numbers and arrays, Fractions as Python's: `returned.as_data`), saved with torch.save
@@ -71,12 +71,12 @@ def launch_as_data(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIME
     lists, tuples, dicts and sets of them and nothing else; a rank's report of how it ended is
     read by an unpickler that builds only a `RankOutcome`. No object a rank chose is ever
     unpickled here. Where Linux allows, each rank runs in a sandbox of its own: no file one rank
-    writes is seen by another, and the files in `hide` cannot be read, once the modules named in
-    `preload` and those the job's own objects need are imported
-    (`dlcourse/grading/rank_sandbox.py`). `absence` (`grading.absent.Absence`), if given, is
-    made true in each rank before it unpickles its job: the modules it names are not there."""
+    writes is seen by another, and the files in `hide` cannot be read, once the modules the
+    job's own objects need are imported (`dlcourse/grading/rank_sandbox.py`). `absence`
+    (`grading.absent.Absence`), if given, is made true in each rank before it unpickles its
+    job: the modules it names are not there."""
     return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=True,
-                   sandbox=(hide, preload), wire=wire, absence=absence)
+                   hide=hide, wire=wire, absence=absence)
 
 
 def launch_watched(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIMEOUT_S, wire=None,
@@ -87,18 +87,18 @@ def launch_watched(fn, *args, world_size=4, backend="auto", timeout=DEFAULT_TIME
     return _launch(fn, args, kwargs, world_size, backend, timeout, as_data=False, wire=wire)
 
 
-def _rank_sandbox(hide, preload):
+def _rank_sandbox(hide):
     """What each rank of `launch_as_data` needs for a sandbox of its own (a private /tmp and
-    /dev/shm, its own /proc, `hide` unreadable once `preload` is imported:
-    `dlcourse/grading/rank_sandbox.py`), or None where this machine cannot make one."""
+    /dev/shm, its own /proc, `hide` unreadable: `dlcourse/grading/rank_sandbox.py`), or None
+    where this machine cannot make one."""
     from dlcourse.grading import rank_sandbox
     if not rank_sandbox.works():
         return None
-    return tuple(rank_sandbox.needed_paths()), tuple(hide), tuple(preload)
+    return tuple(rank_sandbox.needed_paths()), tuple(hide)
 
 
-def _launch(fn, args, kwargs, world_size, backend, timeout, as_data, sandbox=((), ()),
-            wire=None, absence=None):
+def _launch(fn, args, kwargs, world_size, backend, timeout, as_data, hide=(), wire=None,
+            absence=None):
     _check_arguments(fn, world_size, backend, timeout, args, kwargs)
     if backends.in_launched_rank():
         return [_run_in_this_rank(fn, args, kwargs, world_size, backend, timeout)]
@@ -113,7 +113,7 @@ def _launch(fn, args, kwargs, world_size, backend, timeout, as_data, sandbox=(()
     threads = max(1, cpu_cores() // world_size)
     sources = _cell_sources()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    sandbox = _rank_sandbox(*sandbox) if as_data else None
+    sandbox = _rank_sandbox(hide) if as_data else None
     jobs = [
         worker.RankJob(rank, world_size, backend, threads, store.port, timeout, payload, sources,
                        as_data, sandbox, absence)

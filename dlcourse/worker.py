@@ -7,7 +7,6 @@ group, runs the function, and sends back one message: its return value or how it
 
 import ctypes
 import faulthandler
-import importlib
 import linecache
 import multiprocessing
 import os
@@ -45,7 +44,7 @@ class RankJob:
     payload: bytes  # cloudpickle of (fn, args, kwargs)
     sources: dict  # linecache entries of notebook cells, for readable tracebacks
     as_data: bool = False  # send the result with torch.save, for a parent that reads only data
-    sandbox: tuple = None  # (bound back, hidden, imported first): grading/rank_sandbox.py
+    sandbox: tuple = None  # (bound back, hidden): grading/rank_sandbox.py
     absence: object = None  # what the rank must not have, made true first: grading/absent.py
 
 
@@ -118,10 +117,8 @@ def _make_absent(job):
 def _enter_sandbox(job):
     """The rank's own sandbox (first, while this process has one thread)."""
     from dlcourse.grading import rank_sandbox
-    bound_back, hide, preload = job.sandbox
-    for name in preload:  # the answers' modules, imported before their files are hidden
-        importlib.import_module(name)
-    pickling.loads(job.payload)  # and the modules the job's own objects come from
+    bound_back, hide = job.sandbox
+    pickling.loads(job.payload)  # the modules the job's own objects come from, imported first
     rank_sandbox.enter(bound_back, hide)
 
 

@@ -147,7 +147,7 @@ STEP_RULE = "at step k (0 to n - 2) rank r sends its partial sum of chunk (r - k
 
 def test_reduce_scatter_solution_passes(capsys):
     check_ring_reduce_scatter(ring_reduce_scatter)
-    assert "ring_reduce_scatter: passed on 7 cases (4, 3, 2 ranks" in capsys.readouterr().out
+    assert "ring_reduce_scatter: passed on 8 cases (4, 3, 2 ranks" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("wrong, says, hint", [

@@ -7,9 +7,11 @@
 
 The ring checks run the student's function on 4, 3 and 2 real gloo ranks, on lengths that the
 world size does not divide (and shorter than it), in float32 and float64, and compare every
-rank's result with torch's own collective on the same inputs. `rings.py` runs them and holds the
-student to a ring: send/recv only (torch's collectives and the course's own rings refused), to
-one neighbour and from the other, a chunk per step. A wrong chunk is named with what it holds
+rank's result with torch's own collective on the same inputs (and one case of chunks of 2 KiB or
+more, `rings.wide_case`, where the bytes each rank received, counted outside it, are bounded
+both ways). `rings.py` runs them and holds the student to a ring: send/recv only (torch's
+collectives and the course's own rings refused), to one neighbour and from the other, a chunk
+per step. A wrong chunk is named with what it holds
 instead, and what that says about the ring: one module per exercise (`ring_reduce_scatter.py`,
 `ring_all_gather.py`, `ring_all_reduce.py`), their fixed and drawn inputs in `cases.py`.
 

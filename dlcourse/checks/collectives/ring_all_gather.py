@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from dlcourse.checks.collectives.cases import RING_CASES, drawn_ring_case
 from dlcourse.checks.collectives.rings import (Case, check_ring, chunk_bounds, expect_chunks,
-                                               in_flat, join, sizes, whole_numbers)
+                                               in_flat, join, sizes, whole_numbers, wide_case)
 from dlcourse.checks.core import CHECK_TIMEOUT_S, dtype_name, expect_unchanged, fresh_cases
 
 
@@ -23,7 +23,7 @@ def check_ring_all_gather(ring_all_gather, timeout=CHECK_TIMEOUT_S, *, rng):
     (of tensor_split(world_size)) is rank c's chunk, from send/recv only, leaving chunk as is."""
     __tracebackhide__ = True
     cases = []
-    for n, shape, dtype in RING_CASES + [drawn_ring_case(rng)]:
+    for n, shape, dtype in RING_CASES + [drawn_ring_case(rng), wide_case(rng)]:
         whole = whole_numbers(shape, dtype, seed=rng.randrange(2**31))
         bounds = chunk_bounds(whole.numel(), n)
         where = (f"ring_all_gather(chunk, numel={whole.numel()}) on {n} ranks, "

@@ -9,7 +9,8 @@ import torch.distributed as dist
 
 from dlcourse.checks.collectives.cases import RING_CASES, drawn_ring_case
 from dlcourse.checks.collectives.rings import (Case, check_ring, chunk_bounds, expect_chunks,
-                                               holds, in_flat, sizes, sum_of, whole_numbers)
+                                               holds, in_flat, sizes, sum_of, whole_numbers,
+                                               wide_case)
 from dlcourse.checks.core import CHECK_TIMEOUT_S, describe, fail, fresh_cases, kind
 
 
@@ -28,7 +29,8 @@ def check_ring_all_reduce(ring_all_reduce, timeout=CHECK_TIMEOUT_S, *, rng):
     place like dist.all_reduce, for any shape, from send/recv only."""
     __tracebackhide__ = True
     cases = []
-    for n, shape, dtype in ALL_REDUCE_CASES + [drawn_ring_case(rng, matrix=True)]:
+    for n, shape, dtype in ALL_REDUCE_CASES + [drawn_ring_case(rng, matrix=True),
+                                             wide_case(rng, least=3)]:
         xs = [whole_numbers(shape, dtype, seed=rng.randrange(2**31)) for _ in range(n)]
         bounds = chunk_bounds(xs[0].numel(), n)
         flat = ", flattened," if len(shape) > 1 else ""

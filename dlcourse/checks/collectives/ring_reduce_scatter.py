@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from dlcourse.checks.collectives.cases import RING_CASES, drawn_ring_case
 from dlcourse.checks.collectives.rings import (Case, check_ring, chunk_bounds, expect_chunks,
-                                               holds, sizes, sum_of, whole_numbers)
+                                               holds, sizes, sum_of, whole_numbers, wide_case)
 from dlcourse.checks.core import CHECK_TIMEOUT_S, describe, expect_unchanged, fresh_cases
 
 
@@ -25,7 +25,7 @@ def check_ring_reduce_scatter(ring_reduce_scatter, timeout=CHECK_TIMEOUT_S, *, r
     summed over every rank's x, from send/recv only, leaving x as it was."""
     __tracebackhide__ = True
     cases = []
-    for n, shape, dtype in RING_CASES + [drawn_ring_case(rng)]:
+    for n, shape, dtype in RING_CASES + [drawn_ring_case(rng), wide_case(rng)]:
         xs = [whole_numbers(shape, dtype, seed=rng.randrange(2**31)) for _ in range(n)]
         bounds = chunk_bounds(xs[0].numel(), n)
         where = (f"ring_reduce_scatter on {n} ranks, x: {describe(xs[0])} in chunks of "

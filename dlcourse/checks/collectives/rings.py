@@ -11,7 +11,12 @@ Send/recv only: while the student's function runs, torch's collectives raise (`f
 sees it as one record, an all_reduce by "ring", and any record but a send or a recv fails.
 And a ring: the counter's sends and recvs must go one way round (to one neighbour, from the
 other) and carry no more than the ring's steps of one chunk each, so that a right answer reached
-through rank 0, or by passing whole tensors round, does not pass as a ring.
+through rank 0, or by passing whole tensors round, does not pass as a ring. What each rank
+received is counted by the kernel too, outside it (`core.run_on_ranks(received=)`):
+no less than the ring's steps of the shortest chunk (data moved by a file fails) and no more
+than its steps of the longest and gloo's headers (whole tensors passed round, with the counter's
+records cleared, fail); `wide_case` gives each check chunks of `WIRE_FLOOR` bytes or more, so
+that these counts stand clear of the headers.
 
 Inputs are whole numbers, so that a sum is exact in any order and a wrong chunk can be recognised
 as a sum of some ranks' chunks (`sum_of`): a rank missing, a chunk off by one, a phase left out.
@@ -28,6 +33,7 @@ from dlcourse.checks.collectives.answers import ANSWERS
 from dlcourse.checks.collectives.in_rank import WHY_SEND_RECV, sends_and_recvs_only
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, expect_callable,
                                   expect_tensor, fail, run_on_ranks)
+from dlcourse.checks.core.received import WIRE_FLOOR, expect_received_data, wire_floor_units
 
 # float32 holds whole numbers exactly up to 2^24 and float64 up to 2^53: values below 2^20 and
 # 2^40 keep a sum of 4 ranks exact in its own dtype (so results must equal torch's bit for bit,
@@ -60,6 +66,20 @@ class Case:
         longest = max(stop - start for start, stop in self.bounds)
         return self.steps * longest * self.rank_args[0][0].element_size()
 
+    def least_bytes(self):
+        """What a rank of the ring receives at least: one chunk, of the shortest size, a step."""
+        shortest = min(stop - start for start, stop in self.bounds)
+        return self.steps * shortest * self.rank_args[0][0].element_size()
+
+
+def wide_case(rng, least=2):
+    """(world_size, shape, dtype) whose every chunk is WIRE_FLOOR bytes or more, uneven, on
+    `least` to 4 ranks (an all-reduce asks 3: on 2 a ring moves a whole tensor each way, as
+    sending it whole does, so only 3 or more tell them apart)."""
+    n, dtype = rng.randint(least, 4), rng.choice((torch.float32, torch.float64))
+    size = torch.empty((), dtype=dtype).element_size()
+    return n, (n * wire_floor_units(size) + rng.randrange(n),), dtype
+
 
 def whole_numbers(shape, dtype, seed):
     generator = torch.Generator().manual_seed(seed)
@@ -88,20 +108,26 @@ def check_ring(fn, cases, *, exercise, reference, compare, hint, timeout=CHECK_T
     expect_callable(fn, exercise)
     expected = {}  # world_size -> torch's results, launched once the first case needs them
     for case in cases:
+        received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
         outcomes = run_on_ranks(fn, case.rank_args, harness=sends_and_recvs_only,
                                 exercise=exercise, where=case.where, hint=hint,
                                 forbid=COLLECTIVES, why_forbidden=WHY_SEND_RECV,
-                                hang_hint=HANG_HINT, guard=ANSWERS.in_rank, timeout=timeout)
+                                hang_hint=HANG_HINT, guard=ANSWERS.in_rank, timeout=timeout,
+                                received=received)
         if case.world_size not in expected:
             expected[case.world_size] = iter(_torch_results(reference, cases, case.world_size))
         want = next(expected[case.world_size])
         for rank, ((value, messages), args_after) in enumerate(outcomes):
             _expect_a_ring(case, rank, messages)
             compare(case, rank, value, args_after, want[rank])
+        expect_received_data(received, [case.most_bytes()] * case.world_size, case.where,
+                             "each step carries one chunk of about S/n bytes, not the whole "
+                             "tensor", least=[case.least_bytes()] * case.world_size)
     ranks = sorted({case.world_size for case in cases}, reverse=True)
     print(f"{exercise}: passed on {len(cases)} cases ({', '.join(map(str, ranks))} ranks; "
-          "uneven, empty and even chunks; float32 and float64), equal to torch's, as a ring of "
-          "sends and recvs")
+          "uneven, empty and even chunks; float32 and float64; chunks of "
+          f"{WIRE_FLOOR} bytes or more in one), equal to torch's, as a ring of sends and recvs, "
+          "each rank receiving its chunks and no more (counted outside it)")
 
 
 def _expect_a_ring(case, rank, messages):

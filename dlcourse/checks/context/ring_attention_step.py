@@ -12,7 +12,10 @@ recomputes from blocks it kept instead of merging into what it is given fails), 
 only its own tokens; after step j the result must equal plain causal attention over the keys
 the rank has seen (`reference.attention`, float64, computed here after the ranks returned), the
 block received must be the neighbour's, and it must have come through send/recv (collectives
-refused), one block's bytes to one neighbour per step. A ring either way round passes. Cases
+refused), one block's bytes to one neighbour per step, and the kernel's count of what each
+rank received, outside it, must be its cp blocks and headers, no fewer (a block moved by file,
+its counter faked) and no more (blocks sent twice, records cleared): one case has blocks of
+`WIRE_FLOOR` bytes or more, clear of gloo's headers. A ring either way round passes. Cases
 drawn per run: 2 to 5 ranks, contiguous and zig-zag layouts, one case with scores in the
 thousands (exp overflows float64 there unless the max is subtracted), and one where the CP group
 is not the world: a dp 2 x cp grid, cp innermost (torchtitan's mesh order with no TP; lesson
@@ -33,6 +36,7 @@ from dlcourse.checks.context.reference import attention, contiguous, normal, wor
 from dlcourse.checks.context.ring_mistakes import RING_HINT, explain, keys_seen
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, describe, expect_callable, fail,
                                   fresh_cases, run_on_ranks)
+from dlcourse.checks.core.received import WIRE_FLOOR, expect_received_data, wire_floor_units
 
 WHY_P2P = ("the K/V blocks go around the ring with point-to-point ops: dist.send/recv, "
            "isend/irecv or batch_isend_irecv")
@@ -46,10 +50,14 @@ RING_HANG = ("every rank calls ring_attention_step at once: if each starts with 
 RTOL, ATOL = 1e-10, 1e-12
 
 
-def _shape(rng, layout):
-    """(b, a, n, d) of one case: n tokens a rank, even in the zig-zag layout (two chunks)."""
+def _shape(rng, layout, wide=False):
+    """(b, a, n, d) of one case: n tokens a rank, even in the zig-zag layout (two chunks);
+    `wide`: d large enough that a K/V block (2, b, a, n, d) is WIRE_FLOOR bytes or more."""
     n = 2 * rng.randint(1, 2) if layout == "zigzag" else rng.randint(2, 4)
-    return rng.randint(1, 2), rng.randint(1, 2), n, rng.randint(2, 4)
+    b, a, d = rng.randint(1, 2), rng.randint(1, 2), rng.randint(2, 4)
+    if wide:  # float64 blocks
+        d = max(d, wire_floor_units(2 * b * a * n * 8))
+    return b, a, n, d
 
 
 def _case(rng, cp, layout, scale, prefixed, shape):
@@ -86,19 +94,21 @@ def check_ring_attention_step(ring_attention_step, timeout=CHECK_TIMEOUT_S, *, r
     rng.shuffle(layouts)
     rng.shuffle(groups)
     sizes = [min(cp, 3) if g > 1 else cp for cp, g in zip(sizes, groups)]
-    for case in zip(sizes, layouts, scales, prefixed, groups):
-        _check_case(ring_attention_step, rng, *case, timeout)
+    wide = rng.randrange(len(sizes))  # the case whose blocks stand clear of gloo's headers
+    for i, case in enumerate(zip(sizes, layouts, scales, prefixed, groups)):
+        _check_case(ring_attention_step, rng, *case, timeout, wide=i == wide)
     print(f"ring_attention_step: passed on {len(sizes)} cases drawn at random "
           f"({', '.join(f'{g} x {cp}' if g > 1 else str(cp) for cp, g in zip(sizes, groups))} "
           "ranks; contiguous and zig-zag; scores up to thousands; one from a prefix's result; "
           "one on the two CP groups of a dp x cp grid): after every step each rank's "
           "output equals causal attention over the keys it has seen, the blocks went around its "
-          "group's ring by send/recv, one block a step")
+          f"group's ring by send/recv, one block a step ({WIRE_FLOOR} bytes or more in one "
+          "case), and each rank received its blocks, no fewer and no more (counted outside it)")
 
 
-def _check_case(step_fn, rng, cp, layout, scale, prefixed, groups, timeout):
+def _check_case(step_fn, rng, cp, layout, scale, prefixed, groups, timeout, wide=False):
     __tracebackhide__ = True
-    shape = _shape(rng, layout)
+    shape = _shape(rng, layout, wide)
     cases = [_case(rng, cp, layout, scale, prefixed, shape) for _ in range(groups)]
     world = groups * cp
     members = [list(range(k * cp, (k + 1) * cp)) for k in range(groups)]  # cp innermost
@@ -115,10 +125,12 @@ def _check_case(step_fn, rng, cp, layout, scale, prefixed, groups, timeout):
     rank_args = [(cases[g // cp][0][g % cp], kv_of[g], positions, fingerprints,
                   _start(cases[g // cp][0][g % cp], cases[g // cp][3]), groups)
                  for g in range(world)]  # the prefix's attention computed here, not in a rank
+    received = {}  # {global rank: bytes}, counted by the kernel, outside the ranks
     outcomes = run_on_ranks(step_fn, rank_args,
                             exercise="ring_attention_step", where=where, hint=RING_HINT,
                             forbid=COLLECTIVES, why_forbidden=WHY_P2P, hang_hint=RING_HANG,
-                            harness=ring_in_rank, guard=ANSWERS.in_rank, timeout=timeout)
+                            harness=ring_in_rank, guard=ANSWERS.in_rank, timeout=timeout,
+                            received=received)
     for k, ranks in enumerate(members):
         qs, kvs, _, prefix = cases[k]
         steps = [_in_group(outcomes[g][0], ranks, where, g) for g in ranks]  # steps[r][j]
@@ -130,6 +142,10 @@ def _check_case(step_fn, rng, cp, layout, scale, prefixed, groups, timeout):
             for r in range(cp):
                 _expect_transfer(steps[r][j], j, r, cp, direction, kvs[r], where,
                                  _who(r, ranks, groups))
+    # every rank: cp blocks from its neighbour on the ring, its counter faked or not
+    block = [kv_of[g].numel() * kv_of[g].element_size() * cp for g in range(world)]
+    expect_received_data(received, block, where, RING_HINT, least=block,
+                         peers=[min(2, cp - 1)] * world)
 
 
 def _who(r, ranks, groups):

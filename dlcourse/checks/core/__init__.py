@@ -4,6 +4,7 @@ it runs, and fail with a message a student can act on. Lesson 00's checks
 (`dlcourse/checks/launch/`) are the worked example.
 
     ranks.py    run_on_ranks, Submitted (the student's code on real ranks)
+    received.py what a rank received, counted outside it, held between two bounds
     in_process.py  call_in_process, call_each_in_process (formulas; one rank when graded)
     cases.py    @fresh_cases (cases drawn afresh on every run, the one way)
     expect.py   expect_tensor, fail, CheckFailed, ... (comparing, and the messages)
@@ -45,6 +46,13 @@ The API:
   that count, for `ranks.expect_received_at_most` after the check's own messages: data a rank did
   not need fails. gloo's headers count too (~144 B a message a peer): allow `HEADER_ROOM` a peer
   above the data, and give one case `WIRE_FLOOR` (2 KiB) or more from each rank to each other.
+  `received.expect_received_data(received, data, where, hint, least=)` is both bounds for a
+  check whose messages are its data (`data[r]`: the bytes rank r must receive),
+  `received.wire_floor_units(nbytes)` how many pieces of nbytes make a wide case, and
+  `received.torch_received(job, rank_args)` what torch's own collectives receive (gloo's
+  algorithms: its reduce-scatter receives about what an all-reduce does), the data to bound by.
+  Its wide case must be KiBs a tensor: on tensors of a few hundred bytes gloo's all-reduce
+  receives more than an all-gather of them (its messages' headers), so no bound tells them apart.
 - `forbid=("all_reduce", ...)` or `forbid=COLLECTIVES`: inside the ranks those `torch.distributed`
   functions raise `ForbiddenCall` while the student's function runs, and the check fails with
   "rank R called dist.all_reduce, which this exercise does not allow: <why_forbidden>". Use it

@@ -56,10 +56,9 @@ class Answers:
     why: str = WHY
     keep_classes: bool = False  # a class keeps its names, refused through its methods
     private: bool = False  # the packages' private functions and classes are answers too
-    # the modules of `checks` that run in a graded rank (harnesses, importing no answer): with
-    # them declared, a graded rank has none of the answer modules (`absence`), else it imports
-    # them and cannot read their files (`hidden`)
-    rank_side: tuple = None
+    # the modules of `checks` that run in a graded rank (harnesses, importing no answer): a
+    # graded rank has none of the answer modules but these (`absence`); () for none
+    rank_side: tuple = ()
 
     def objects(self):
         """[(name, object)]: the library's and torch's answers, each once."""
@@ -88,35 +87,33 @@ class Answers:
     def refusing(self, namespaces=()):
         """While active, every answer and answer key raises ForbiddenCall however it is
         reached. Yields `refuse.replaced`'s `Refused` (which finds copies). The context
-        manager's `answers` is this declaration (`hidden`, for the ranks of a graded job)."""
+        manager's `answers` is this declaration (its `absence`, for the ranks of a graded
+        job: `ranks.graded_launch`)."""
         manager = self._refusing(namespaces)
         manager.answers = self
         return manager
-
-    def hidden(self):
-        """(module names, files): the course's modules that answer this set (its packages,
-        `single`'s modules, its check modules) and their source and compiled files. A graded
-        job's ranks import the modules, then cannot read the files (`launcher.launch_as_data`)."""
-        names = [module_name for module_name, _ in self.single]
-        names += [m.__name__ for package in (*self.packages, *self.checks)
-                  for m in package_modules(package)]
-        modules = [importlib.import_module(name) for name in dict.fromkeys(names)]
-        files = [f for module in modules for f in _files(module)]
-        return tuple(m.__name__ for m in modules), tuple(files)
 
     def absence(self):
         """The `grading.absent.Absence` of a graded rank of this set: the answer modules (the
         packages, `single`'s modules and the check packages, less `rank_side`), their files,
         and the fingerprints of their functions' code (computed here, where they are loaded)."""
         from dlcourse.grading.absent import Absence
-        names, files = self.hidden()
-        rank_side = tuple(self.rank_side or ())
+        files = self._files()
+        rank_side = tuple(self.rank_side)
         blocked = tuple(dict.fromkeys([*self.packages, *self.checks,
                                        *(m for m, _ in self.single)]))
         kept = [f for name in rank_side for f in _files(importlib.import_module(name))]
         return Absence(blocked=blocked, rank_side=rank_side,
                        files=tuple(os.path.realpath(f) for f in files if f not in kept),
                        **_fingerprinted(self.objects() + self.keys(), rank_side))
+
+    def _files(self):
+        """The source and compiled files of the course's modules that answer this set (its
+        packages, `single`'s modules, its check modules)."""
+        names = [module_name for module_name, _ in self.single]
+        names += [m.__name__ for package in (*self.packages, *self.checks)
+                  for m in package_modules(package)]
+        return [f for name in dict.fromkeys(names) for f in _files(importlib.import_module(name))]
 
     @contextlib.contextmanager
     def _refusing(self, namespaces=()):

@@ -93,14 +93,14 @@ def run_on_ranks(fn, rank_args, *, exercise, where=None, hint="", forbid=(), why
         ) from None
     except RankError as error:
         raise CheckFailed(explain_failure(exercise, where or exercise, hint, error)) from None
-    _expect_received(measured, receives, where or exercise, hint)
+    expect_received_at_least(measured, receives, where or exercise, hint)
     return outcomes
 
 
 _COUNTED = "from the other ranks (counted on its connections, outside its process)"
 
 
-def _expect_received(measured, receives, where, hint):
+def expect_received_at_least(measured, receives, where, hint):
     """Each rank received at least `receives[rank]` bytes (where the kernel's count was read)."""
     for rank, least in enumerate(receives or []):
         if rank in measured and measured[rank] < least:
@@ -124,21 +124,17 @@ def expect_received_at_most(received, most, where, hint=""):
 
 def graded_launch(guard, kind, *args):
     """(launch_as_data's options, the guard a graded rank enters) for `guard(*args)`'s `Answers`:
-    - a set that declares its `rank_side` code: the answer modules absent from the rank
-      (`grading/absent.py`); the same declaration's guard refuses what the rank still has (its
-      walk skips a module that does not import there): torch's answers, the `rank_side` modules;
-    - any other: the answer modules imported, then their files hidden (`Answers.hidden`);
-    - a guard of another kind: as it is, nothing hidden.
-    `kind` is the guard's flavour: "in_rank" (`run_on_ranks`) or "in_process" (one rank)."""
+    the answer modules absent from the rank, all but the set's `rank_side` code
+    (`grading/absent.py`), and the same declaration's guard refusing what the rank still has (its
+    walk skips a module that does not import there): torch's answers, the `rank_side` modules.
+    A guard of another kind: as it is, nothing absent. `kind` is the guard's flavour: "in_rank"
+    (`run_on_ranks`) or "in_process" (one rank)."""
     try:
         answers = getattr(guard(*args), "answers", None) if guard else None
     except Exception:  # a guard that needs what it guards: it hides nothing
         answers = None
     if answers is None:
         return {}, guard
-    if answers.rank_side is None:
-        preload, hide = answers.hidden()
-        return {"preload": preload, "hide": hide}, guard
     absence = answers.absence()
     return {"hide": absence.files, "absence": absence}, getattr(answers, kind)
 

@@ -1,17 +1,21 @@
 """Lesson 03, exercise 4 (`exercises/03_data_parallel.ipynb`): `check_all_reduce_buckets`, one
 all-reduce per bucket and the averages in .grad. It runs on 4, 3 and 2 real ranks, hands every
 rank the lesson's plan after its own backward, and compares every `.grad` with one process's
-gradient of the whole batch, watching for one all-reduce of a bucket's size per bucket.
+gradient of the whole batch, watching for one all-reduce of a bucket's size per bucket, and
+bounds what each rank received, counted by the kernel outside it, by what torch's own
+all-reduces of the buckets receive (`core.received`).
 """
 
 from dataclasses import dataclass
 from functools import partial
 
 import torch
+import torch.distributed as dist
 
 import dlcourse.parallel.data.buckets as library
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, describe, dtype_name, expect_callable, fail,
                                   fresh_cases, run_on_ranks)
+from dlcourse.checks.core.received import expect_received_data, torch_received
 from dlcourse.checks.data.answers import ANSWERS
 from dlcourse.checks.data.in_rank import reduce_in_rank
 from dlcourse.checks.data.replicas import (MODELS, TOLERANCE, batch, build, count,
@@ -31,6 +35,9 @@ REDUCE_CASES = [
     ReduceCase(4, "tied GPT", torch.float32, 0.001),  # 4 buckets
     ReduceCase(3, "MLP with idle parameters", torch.float32, 0.0001),  # 3; unused in the first
     ReduceCase(2, "MLP", torch.float64, 1.0),  # one bucket; a float32 buffer is half the size
+    # one bucket of 8.5 KiB on 4 ranks: gathered whole from every rank instead of all-reduced,
+    # it brings each rank ~11 KiB more than gloo's all-reduce, clear of the headers
+    ReduceCase(4, "tied GPT", torch.float64, 1.0),
 ]
 REDUCE_HINT = ("for each bucket: torch.cat the flattened gradients (zeros for a parameter whose "
                ".grad is None) into one tensor, dist.all_reduce it once, divide by the world "
@@ -50,7 +57,8 @@ def check_all_reduce_buckets(all_reduce_buckets, timeout=CHECK_TIMEOUT_S, *, rng
         _check_reduce_case(all_reduce_buckets, case, rng.randrange(2**31), timeout)
     print(f"all_reduce_buckets: passed on {len(REDUCE_CASES) + 1} cases (4, 3, 2 ranks; MLP, tied "
           "GPT, parameters without gradients; 4, 3 and 1 buckets; float32 and float64), equal "
-          "to one process on the whole batch, one all-reduce per bucket")
+          "to one process on the whole batch, one all-reduce per bucket, each rank receiving "
+          "no more than torch's all-reduces of the buckets do (counted outside it)")
 
 
 def _check_reduce_case(all_reduce_buckets, case, seed, timeout):
@@ -63,11 +71,12 @@ def _check_reduce_case(all_reduce_buckets, case, seed, timeout):
     where = (f"all_reduce_buckets on {W} ranks, {case.model} in "
              f"{dtype_name(dtype)}, {count(len(plan), 'bucket')} "
              f"({', '.join(f'{b.nbytes:,}' for b in plan)} bytes)")
+    received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
     outcomes = run_on_ranks(all_reduce_buckets, [(s,) for s in per_rank],
                             exercise="all_reduce_buckets", where=where, hint=REDUCE_HINT,
                             timeout=timeout,
                             harness=partial(reduce_in_rank, case.model, dtype, _names(plan, model)),
-                            guard=ANSWERS.in_rank)
+                            guard=ANSWERS.in_rank, received=received)
     initial = snapshot(model)
     loss_of(case.model)(model(x), y).backward()
     expected = gradients(model)  # one process, the whole batch
@@ -83,6 +92,26 @@ def _check_reduce_case(all_reduce_buckets, case, seed, timeout):
                 fail(where, rank, f"changed the values of parameter {name}",
                      "all_reduce_buckets only averages the gradients; the optimizer changes "
                      "the parameters")
+    _expect_buckets_received(received, plan, dtype, W, where)
+
+
+def _expect_buckets_received(received, plan, dtype, W, where):
+    """What each rank received, counted outside it: no more than torch's own all-reduce of each
+    bucket receives (gloo's algorithm: a formula would be its, not the exercise's) and
+    HEADER_ROOM a peer; no less than the (W - 1)/W of the buckets that any all-reduce brings.
+    The tied GPT's one float64 bucket on 4 ranks, gathered whole from every rank instead (3
+    times its bytes, gloo's all-reduce ~1.7), stands clear of the headers."""
+    __tracebackhide__ = True
+    sizes = [b.nbytes for b in plan]
+    most = torch_received(_bucket_messages, [(sizes, dtype)] * W)
+    least = sum((W - 1) * n // W for n in sizes)
+    expect_received_data(received, most, where, REDUCE_HINT, least=[least] * W)
+
+
+def _bucket_messages(sizes, dtype, way):
+    """torch's own all-reduce of each bucket, `sizes` its bytes."""
+    for nbytes in sizes:
+        dist.all_reduce(torch.zeros(nbytes // dtype.itemsize, dtype=dtype))
 
 
 def _names(plan, model):

@@ -6,8 +6,10 @@ real ranks (the set's guide is `__init__.py`).
 from functools import partial
 
 import torch
+import torch.distributed as dist
 
 from dlcourse.checks.core import CHECK_TIMEOUT_S, expect_callable, fail, fresh_cases, run_on_ranks
+from dlcourse.checks.core.received import expect_received_data, torch_received
 from dlcourse.checks.data.answers import ANSWERS
 from dlcourse.checks.data.in_rank import broadcast_in_rank
 from dlcourse.checks.data.replicas import MODELS, build, snapshot
@@ -30,15 +32,37 @@ def check_broadcast_parameters(broadcast_parameters, timeout=CHECK_TIMEOUT_S, *,
     for W, name in cases:
         where = f"broadcast_parameters on {W} ranks, {name}, each rank from its own seed"
         first = rng.randrange(2**31)  # rank r builds its model from seed first + r
+        received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
         outcomes = run_on_ranks(broadcast_parameters, [()] * W, exercise="broadcast_parameters",
                                 where=where, hint=BROADCAST_HINT, timeout=timeout,
                                 harness=partial(broadcast_in_rank, name, first),
-                                guard=ANSWERS.in_rank)
+                                guard=ANSWERS.in_rank, received=received)
         starts = [snapshot(build(name, seed=first + r)) for r in range(W)]
         for rank, (weights, _) in enumerate(outcomes):
             _expect_broadcast(weights, starts, rank, where)
+        _expect_broadcast_received(received, name, W, where)
     print(f"broadcast_parameters: passed on {len(cases)} cases (4, 3, 2 ranks; tied "
           "GPT, MLP, a frozen parameter), every rank holds rank 0's weights")
+
+
+def _expect_broadcast_received(received, name, W, where):
+    """What each rank received, counted outside it: no more than torch's own broadcasts from
+    rank 0 of everything a model could be said to hold (its state_dict, where a tied matrix is
+    there twice, and its buffers) and HEADER_ROOM a peer; a rank other than 0 no less than the
+    parameters' bytes. Every rank's parameters gathered to keep rank 0's fail on 4 ranks (3
+    times the tied GPT's 4 KiB)."""
+    __tracebackhide__ = True
+    most = torch_received(_broadcast_messages, [(name,)] * W)
+    nbytes = sum(p.numel() * p.element_size() for p in build(name).parameters())
+    expect_received_data(received, most, where, BROADCAST_HINT,
+                         least=[0] + [nbytes] * (W - 1))
+
+
+def _broadcast_messages(name, way):
+    """torch's own broadcast from rank 0 of the model's state_dict and buffers, one by one."""
+    model = build(name)
+    for t in [*model.state_dict().values(), *model.buffers()]:
+        dist.broadcast(t.data, src=0)
 
 
 def _expect_broadcast(got, starts, rank, where):

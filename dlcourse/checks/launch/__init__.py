@@ -5,7 +5,10 @@
 
 Each runs the student's function on real ranks (`core.run_on_ranks`) for inputs the notebook
 never shows: other world sizes, odd shapes, integer and float dtypes. The reference is plain
-single-process torch (`torch.stack`, `.sum`), so it shares no code with a solution.
+single-process torch (`torch.stack`, `.sum`), so it shares no code with a solution. What each
+rank received, counted by the kernel outside it, is bounded by what torch's own all_gather or
+reduce of the same tensors receives (`core.received`): an all-reduce where a gather or a reduce
+belongs fails in the case of 8 KiB a rank, whatever the student's process says.
 One module per exercise (`gather_all.py`, `sum_to_rank0.py`), each with its fixed cases; the
 case drawn afresh on every run is in `cases.py`.
 """

@@ -3,10 +3,12 @@ over ranks and the others get None, from one dist.reduce, compared with a single
 """
 
 import torch
+import torch.distributed as dist
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, describe, expect_none, expect_tensor,
                                   expect_unchanged, fresh_cases, random_tensor, run_on_ranks)
-from dlcourse.checks.launch.cases import describe_cases, drawn_case
+from dlcourse.checks.core.received import expect_received_data, torch_received
+from dlcourse.checks.launch.cases import WIDE_CASE, describe_cases, drawn_case
 
 
 # (world_size, shape of x, dtype); each run adds one drawn at random (`cases.drawn_case`)
@@ -28,16 +30,17 @@ def check_sum_to_rank0(sum_to_rank0, timeout=CHECK_TIMEOUT_S, *, rng):
     """sum_to_rank0(x) must return the elementwise sum of every rank's x on rank 0 and None on
     the other ranks, with one dist.reduce (not all_reduce), leaving the caller's x unchanged."""
     __tracebackhide__ = True
-    cases = SUM_CASES + [drawn_case(rng)]
+    cases = SUM_CASES + [drawn_case(rng), WIDE_CASE]
     for world_size, shape, dtype in cases:
         xs = [random_tensor(shape, dtype, seed=rng.randrange(2**31)) for _ in range(world_size)]
         where = f"sum_to_rank0 on {world_size} ranks, x: {describe(xs[0])}"
+        received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
         outcomes = run_on_ranks(
             sum_to_rank0, [(x,) for x in xs], exercise="sum_to_rank0", where=where, hint=SUM_HINT,
             forbid=("all_reduce",),
             why_forbidden="it gives every rank the sum, and only rank 0 needs it here. Use "
                           "dist.reduce(..., dst=0), which sends the result to rank 0 alone.",
-            timeout=timeout)
+            timeout=timeout, received=received)
         tol = SUM_TOLERANCE.get(dtype, 0.0)
         expected = torch.stack(xs).sum(dim=0)  # (*shape), same dtype as x
         for rank, (got, (x_after,)) in enumerate(outcomes):
@@ -51,4 +54,11 @@ def check_sum_to_rank0(sum_to_rank0, timeout=CHECK_TIMEOUT_S, *, rng):
             expect_unchanged(xs[rank], x_after, where=where, rank=rank, name="x",
                              hint="dist.reduce works in place on the tensor it is given: "
                                   "reduce a clone of x, not x itself")
+        most = torch_received(_reduce, [(torch.zeros_like(xs[0]),)] * world_size)
+        expect_received_data(received, most, where, SUM_HINT)
     print(f"sum_to_rank0: passed on {describe_cases(cases)}")
+
+
+def _reduce(x, way):
+    """torch's own reduce of every rank's x to rank 0: the bound on what sum_to_rank0 receives."""
+    dist.reduce(x, dst=0)

@@ -7,6 +7,7 @@ import torch
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, COLLECTIVES, describe, expect_callable, fail,
                                   fresh_cases, kind, run_on_ranks)
+from dlcourse.checks.core.received import WIRE_FLOOR, expect_received_data, wire_floor_units
 from dlcourse.checks.pipeline.answers import ANSWERS
 from dlcourse.checks.pipeline.in_rank import exchange_in_rank
 from dlcourse.checks.pipeline.stages import join
@@ -29,17 +30,21 @@ def check_exchange(exchange, timeout=CHECK_TIMEOUT_S, *, rng):
     __tracebackhide__ = True
     expect_callable(exchange, "exchange")
     ps = [2] + rng.sample([3, 4, 5], 2)
-    for p in ps:
-        _check_exchange_case(exchange, p, rng, timeout)
+    wide = rng.randrange(len(ps))  # the case whose tensors stand clear of gloo's headers
+    for i, p in enumerate(ps):
+        _check_exchange_case(exchange, p, rng, timeout, wide=i == wide)
     print(f"exchange: passed on {len(ps)} cases drawn at random ({join(ps)} ranks, each with "
-          "its left and right neighbour; float32 and float64), no deadlock, every rank got its "
-          "neighbour's tensor")
+          "its left and right neighbour; float32 and float64; tensors of "
+          f"{WIRE_FLOOR} bytes or more in one), no deadlock, every rank got its neighbour's "
+          "tensor, and received its neighbours' bytes, no fewer and no more (counted outside it)")
 
 
-def _check_exchange_case(exchange, p, rng, timeout):
+def _check_exchange_case(exchange, p, rng, timeout, wide=False):
     __tracebackhide__ = True
     shape = (rng.randint(1, 5), rng.randint(1, 40))
     dtype = rng.choice([torch.float32, torch.float64])
+    if wide:  # each tensor WIRE_FLOOR bytes or more
+        shape = (shape[0], max(shape[1], wire_floor_units(shape[0] * dtype.itemsize)))
     gen = torch.Generator().manual_seed(rng.randrange(10**6))
     # sent[(r, q)]: what rank r sends to q. Even ranks talk right first, odd ranks left first.
     sent = {(r, q): torch.randn(shape, generator=gen, dtype=dtype)
@@ -47,10 +52,11 @@ def _check_exchange_case(exchange, p, rng, timeout):
     calls = [[(q, sent[(r, q)]) for q in sorted((r - 1, r + 1), reverse=r % 2 == 1)
               if 0 <= q < p] for r in range(p)]
     where = f"exchange on {p} ranks, {describe(sent[(0, 1)])}"
+    received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
     outcomes = run_on_ranks(exchange, [(c,) for c in calls], exercise="exchange", where=where,
                             hint=EXCHANGE_HINT, forbid=COLLECTIVES, why_forbidden=WHY_P2P,
                             hang_hint=EXCHANGE_HANG, harness=exchange_in_rank,
-                            guard=ANSWERS.in_rank, timeout=timeout)
+                            guard=ANSWERS.in_rank, timeout=timeout, received=received)
     for r, (results, _) in enumerate(outcomes):
         for (q, own), (got, after, moved) in zip(calls[r], results):
             if not torch.equal(after, own):
@@ -58,6 +64,11 @@ def _check_exchange_case(exchange, p, rng, timeout):
                                "still needs it (it is the stage's activation)", EXCHANGE_HINT)
             _expect_received(got, sent, r, q, where)
             _expect_moved(moved, own, r, q, where)
+    # rank r receives one tensor from each neighbour, its counter faked or not
+    size = sent[(0, 1)].numel() * sent[(0, 1)].element_size()
+    data = [size * len(c) for c in calls]
+    expect_received_data(received, data, where, EXCHANGE_HINT, least=data,
+                         peers=[len(c) for c in calls])
 
 
 def _expect_moved(moved, tensor, r, q, where):

@@ -13,7 +13,14 @@ sent its tokens, its rows or columns of the weights and its tokens' upstream gra
 collectives are counted by kind and bytes (`CommCounter`): the pair makes, in forward and again
 in backward, one all-gather and one reduce-scatter of the whole (B, T, h), nothing else; the
 LayerNorm's gradients take one all-reduce of its 2h numbers. `answers.ANSWERS` is refused while
-the student's code runs (exercise 8's block runs the lesson's pair before that).
+the student's code runs (exercise 8's block runs the lesson's pair before that). And what each
+rank received is counted by the kernel, outside it: for the pair, no more than torch's own
+all-gathers and reduce-scatters of the same tensors receive (gloo's reduce-scatter receives about
+what an all-reduce does, so the measure is torch's, not a formula) and HEADER_ROOM a peer, on 3
+and 4 ranks with shards of 2 WIRE_FLOOR bytes or more: every rank's whole tensor gathered where a
+reduce-scatter belongs fails, whatever the rank's own counter says. The LayerNorm's
+gradients the same way: no more than torch's all-reduce of them receives, on 3 and 4 ranks with
+h of 512 or more (4 WIRE_FLOOR bytes).
 """
 
 import copy
@@ -37,9 +44,12 @@ TOLERANCE = "1e-10 (float64 rounding)"
 SEQUENCE = ANSWERS.but(allow=ANSWERS.allow + ("_shape_checked", "_block"))  # the harness's
 
 
-def draw_block(rng, tp):
-    """(x, ln, a, b, upstream): B 1-2, T = tp k, h 2-5, f = tp j; float64, fresh seeds."""
+def draw_block(rng, tp, h_bytes=0, h_least=0):
+    """(x, ln, a, b, upstream): B 1-2, T = tp k, h 2-5, f = tp j; float64, fresh seeds. With
+    `h_bytes`, h wide enough that a rank's (B, T/t, h) shard holds that many bytes or more; with
+    `h_least`, h that or more."""
     B, T, h = rng.randint(1, 2), tp * rng.randint(1, 3), rng.randint(2, 5)
+    h = max(h, h_least, -(-h_bytes // (8 * B * T // tp)))
     f = tp * rng.randint(1, 3)
     ln, a, b = (nn.LayerNorm(h, dtype=torch.float64), nn.Linear(h, f, dtype=torch.float64),
                 nn.Linear(f, h, bias=False, dtype=torch.float64))

@@ -5,11 +5,13 @@ exercise), run around a column- and a row-parallel layer on 2, 3 and 4 real rank
 """
 
 import torch
+import torch.distributed as dist
 
 from dlcourse import pickling
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, CheckFailed, StudentCode, Submitted,
                                   expect_callable, expect_tensor, fail, kind, run_on_ranks)
 from dlcourse.checks.core.cases import fresh_cases
+from dlcourse.checks.core.received import WIRE_FLOOR, expect_received_data, torch_received
 from dlcourse.checks.core.stubs import not_written, stub_message
 from dlcourse.checks.tensor.cases import draw_tp_sizes
 from dlcourse.checks.tensor.in_rank import pair_in_rank
@@ -44,20 +46,54 @@ def check_sequence_parallel(gather_sequence, reduce_scatter_sequence, timeout=CH
                         else pickling.dumps(reduce_scatter_sequence),
                         guard=SEQUENCE.in_rank)
     for tp in draw_tp_sizes(rng):
-        x, ln, a, b, upstream = draw_block(rng, tp)
+        # on 3 or 4 ranks a reduce-scatter receives less than gathering every rank's whole
+        # tensor (on 2, gloo's receives as much): there shards of 2 WIRE_FLOOR bytes or more
+        # (measured: such a gather stood ~2.9 KB above the ceiling at 1 WIRE_FLOOR on 4 ranks,
+        # ~3 KB at 2 already on 3)
+        x, ln, a, b, upstream = draw_block(rng, tp, 2 * WIRE_FLOOR if tp > 2 else 0)
         where = (f"sequence parallelism on {tp} ranks, x {tuple(x.shape)} cut along dim 1, "
                  f"Linear({a.in_features}, {a.out_features})")
+        received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
         outcomes = run_on_ranks(gather_sequence, [(*r, other) for r in
                                                   rank_args(x, ln, a, b, upstream, tp)],
                                 exercise="GatherSequence", where=where, hint=PAIR_HINT,
-                                harness=pair_in_rank, guard=SEQUENCE.in_rank, timeout=timeout)
+                                harness=pair_in_rank, guard=SEQUENCE.in_rank, timeout=timeout,
+                                received=received)
         y, x_grad, grads = reference(x, ln, a, b, upstream)
         for rank, (got, _) in enumerate(outcomes):
             _expect_pair(got, rank, tp, y, x_grad, grads, x, where)
+        _expect_pair_received(received, x, tp, where)
     print("GatherSequence, ReduceScatterSequence: passed on 3 cases drawn afresh "
           "(2, 3 and 4 ranks): every rank's tokens of y, of x's gradient and its weights' "
           "gradients equal one process's; forward and backward each one all-gather and one "
           "reduce-scatter of the whole (B, T, h)")
+
+
+def _expect_pair_received(received, x, tp, where):
+    """What each rank received, counted outside it: no more than torch's own all-gathers and
+    reduce-scatters of the same shards receive (and HEADER_ROOM a peer), no less than the
+    others' shards four times (two all-gathers, two reduce-scatters)."""
+    __tracebackhide__ = True
+    shard = x.chunk(tp, dim=1)[0]  # (B, T/t, h)
+    nbytes = shard.numel() * shard.element_size()
+    most = torch_received(_pair_messages, [(shard,)] * tp, ways=("list", "tensor"))
+    expect_received_data(received, most, where, PAIR_HINT, least=[4 * (tp - 1) * nbytes] * tp)
+
+
+def _pair_messages(shard, way):
+    """torch's own messages of the pair on a rank's (B, T/t, h) shard, forward and backward:
+    two all-gathers of the shards and two reduce-scatters of the whole (B, T, h), in the list
+    forms or the tensor forms."""
+    t = dist.get_world_size()
+    flat, whole = shard.reshape(-1), torch.cat([shard] * t, dim=1)
+    for _ in range(2):
+        if way == "list":
+            dist.all_gather([torch.empty_like(shard) for _ in range(t)], shard)
+            dist.reduce_scatter(torch.empty_like(shard),
+                                [c.contiguous() for c in whole.chunk(t, dim=1)])
+        else:
+            dist.all_gather_into_tensor(flat.new_empty(t * flat.numel()), flat)
+            dist.reduce_scatter_tensor(torch.empty_like(flat), whole.transpose(0, 1).reshape(-1))
 
 
 def _is_function_class(fn):

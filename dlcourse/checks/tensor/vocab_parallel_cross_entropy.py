@@ -5,14 +5,19 @@
 
 The reference is single-process torch in float64: `F.cross_entropy` of the whole logits. Cases
 (2, 3 and 4 ranks, sizes, values) are drawn afresh on every run (`core.fresh_cases`) from a seed
-that a failure prints; `seed=` replays it.
+that a failure prints; `seed=` replays it. What each rank received is counted by the kernel,
+outside it, and bounded by what torch's own all-reduces of a few numbers a token receive
+(`core.received`), on 3 and 4 ranks with 8 KiB or more of logits a rank: logits gathered, with
+the counter's records cleared, fail.
 """
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases, random_tensor, run_on_ranks)
+from dlcourse.checks.core.received import expect_received_data, torch_received, wire_floor_units
 from dlcourse.checks.tensor.answers import ANSWERS
 from dlcourse.checks.tensor.cases import draw_tp_sizes, wide_seed
 from dlcourse.checks.tensor.in_rank import loss_in_rank
@@ -44,6 +49,8 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, timeout=CHE
     expect_callable(vocab_parallel_cross_entropy, name)
     for i, tp in enumerate(draw_tp_sizes(rng)):
         n, per_rank = rng.randint(3, 12), rng.randint(8, 12)
+        if tp > 2:  # a rank's logits 8 KiB or more: gathering them stands clear of the headers
+            per_rank = max(per_rank, 4 * wire_floor_units(8 * n))
         logits = 3 * random_tensor((n, tp * per_rank), torch.float64, wide_seed(rng))
         if i == 0:
             logits[::2] += 750.0  # exp(750) overflows float64: the max must come off first
@@ -53,17 +60,30 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, timeout=CHE
         whole = logits.clone().requires_grad_()
         loss = F.cross_entropy(whole, targets)  # one process, the whole logits
         loss.backward()
+        received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
         outcomes = run_on_ranks(vocab_parallel_cross_entropy,  # rank r: its (N, V/t) only
                                 [(mine.clone(), targets) for mine in logits.chunk(tp, dim=-1)],
                                 exercise=name, where=where, hint=LOSS_HINT,
                                 harness=loss_in_rank, guard=ANSWERS.in_rank,
-                                timeout=timeout)
+                                timeout=timeout, received=received)
         for rank, (got, _) in enumerate(outcomes):
             _expect_loss(got, loss.detach(), whole.grad.chunk(tp, dim=-1)[rank],
                          logits.chunk(tp, dim=-1)[rank], targets, tp, rank, where)
+        most = torch_received(_loss_messages, [(n,)] * tp, ways=("three", "stacked"))
+        expect_received_data(received, most, where, "communicate only a few numbers per "
+                                                    "token: " + LOSS_HINT)
     print(f"{name}: passed on 3 cases drawn afresh (2, 3 and 4 ranks; logits near 750 "
           "included): the loss and every rank's gradient equal F.cross_entropy's, no logits "
           "gathered")
+
+
+def _loss_messages(n, way):
+    """torch's own all-reduces of the loss: each token's max, sum of exp and target's logit,
+    as three (n,) all-reduces or two, the sums stacked."""
+    row = torch.zeros(n, dtype=torch.float64)
+    dist.all_reduce(row, op=dist.ReduceOp.MAX)
+    for t in ([row, row.clone()] if way == "three" else [torch.zeros(2, n, dtype=row.dtype)]):
+        dist.all_reduce(t)
 
 
 def _expect_loss(got, loss, grad, mine, targets, tp, rank, where):

@@ -66,6 +66,15 @@ def draw_model(rng):
                             bias=rng.random() < 0.5, tie_embeddings=rng.random() < 0.5)
 
 
+def wide_model(rng):
+    """A GPT of 2 heads, h 12 to 16 (Ψ 3,600 to 5,300 drawn; its last block 1,800 to 3,200):
+    a case whose float64 shards, ~2 KiB or more from each rank on 4 ranks, stand clear of
+    gloo's headers in the bytes a rank received (counted outside it, `core.received`)."""
+    return "GPT", GPTConfig(vocab_size=rng.randint(5, 16), seq_len=rng.randint(2, 5), n_layers=2,
+                            n_heads=2, hidden=2 * rng.randint(6, 8), bias=rng.random() < 0.5,
+                            tie_embeddings=rng.random() < 0.5)
+
+
 def data(spec, n, seed):
     kind, config = spec
     if kind == "MLP":

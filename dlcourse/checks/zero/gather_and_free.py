@@ -8,17 +8,24 @@ whose memory is freed, beside this rank's shard. The student's hooks run forward
 2, 3 and 4 ranks; every gradient is compared with the same model unsharded, the bytes the unit's
 parameters hold after each pass are measured (stage 3 frees them), and the collectives of each
 pass are counted by kind and bytes (lesson 02's CommCounter): each pass must bring in the other
-ranks' shards again, which a full copy kept between passes and a token collective do not.
+ranks' shards again, which a full copy kept between passes and a token collective do not. What
+each rank received is counted by the kernel too, outside it (`core.received`): the others'
+shards once a pass at least, and no more than torch's own all-gathers of them receive, so a
+faked counter does not pass either; one case on 3 or 4 ranks is a wider GPT whose shards stand
+clear of gloo's headers.
 """
 
 from functools import partial
 
+import torch.distributed as dist
+
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases)
+from dlcourse.checks.core.received import expect_received_data, torch_received
 from dlcourse.checks.data.replicas import run_steps, shards, snapshot
 from dlcourse.checks.zero.answers import ANSWERS
 from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_cases,
-                                        flat_of, gradient, padded_shard)
+                                        flat_of, gradient, padded_shard, wide_model)
 from dlcourse.checks.zero.in_rank import unit_in_rank, unit_of
 
 
@@ -40,7 +47,9 @@ def check_gather_and_free(gather_and_free, timeout=CHECK_TIMEOUT_S, *, rng):
     free them after each: the gradients equal the unsharded model's, nothing held after."""
     __tracebackhide__ = True
     expect_callable(gather_and_free, "gather_and_free")
-    for world_size, spec in draw_cases(rng, _unit_psi):  # the first: N does not divide Ψ
+    for i, (world_size, spec) in enumerate(draw_cases(rng, _unit_psi)):  # the first: N ∤ Ψ
+        if i > 0 and world_size > 2:  # the other of 3 and 4 ranks: shards clear of the headers
+            spec = wide_model(rng)
         _check_unit_case(gather_and_free, spec, world_size, rng.randrange(10**6), timeout)
     print("gather_and_free: passed on 3 cases (2, 3 and 4 ranks; a GPT block or an MLP layer; "
           "Ψ not a multiple of N), gradients equal to the unsharded model's, parameters "
@@ -59,14 +68,38 @@ def _check_unit_case(gather_and_free, spec, world_size, data_seed, timeout):
     unit = "its last block" if spec[0] == "GPT" else "its output layer"
     where = (f"gather_and_free on {W} ranks, {describe_model(spec)}, {unit} sharded (Ψ = {psi}, "
              f"s = {s})")
+    unit_shards = _unit_shards(spec, W)
+    received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
     outcomes = run_steps(gather_and_free, micro, exercise="gather_and_free", where=where,
                          hint=UNIT_HINT, timeout=timeout,
-                         harness=partial(unit_in_rank, spec, _unit_shards(spec, W)),
-                         guard=ANSWERS.in_rank)
+                         harness=partial(unit_in_rank, spec, unit_shards),
+                         guard=ANSWERS.in_rank, received=received)
     full_bytes = W * s * _itemsize(spec)  # `full`: N shards of s elements
     for rank, (records, _) in enumerate(outcomes):
         for k, record in enumerate(records, 1):
             _expect_unit_pass(spec, record, micro[k - 1][rank], k, rank, where, full_bytes, W)
+    _expect_unit_received(received, unit_shards[0], W, 2 * len(micro), where)
+
+
+def _expect_unit_received(received, shard, W, passes, where):
+    """What each rank received, counted outside it: the other ranks' shards once a pass, no
+    fewer (a full copy kept, a token collective and a faked counter fail) and no more than
+    torch's own all-gathers of them (list or tensor form, the most) and HEADER_ROOM a peer."""
+    __tracebackhide__ = True
+    most = torch_received(_unit_messages, [(shard, passes)] * W, ways=("list", "tensor"))
+    least = passes * (W - 1) * shard.numel() * shard.element_size()
+    expect_received_data(received, most, where, UNIT_HINT, least=[least] * W)
+
+
+def _unit_messages(shard, passes, way):
+    """torch's own all-gather of the N shards into `full`, once a pass."""
+    W = dist.get_world_size()
+    full = shard.new_empty(W * shard.numel())
+    for _ in range(passes):
+        if way == "list":
+            dist.all_gather(list(full.chunk(W)), shard)
+        else:
+            dist.all_gather_into_tensor(full, shard)
 
 
 def _unit_shards(spec, W):

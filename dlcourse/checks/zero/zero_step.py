@@ -7,20 +7,24 @@ never shows (`cases.py`), and every rank's parameters, master shard and master.g
 compared after every step with one process training on the whole batch with torch's AdamW. The
 gradient memory a rank still holds after the step is measured from the storages (stage 2 keeps
 only its shard), and what it communicated is watched at torch's dispatcher, so an all-reduce
-through the process group's own methods is seen too.
+through the process group's own methods is seen too; what it received is counted by the kernel,
+outside it, and bounded by what torch's own reduce-scatters and all-gathers receive
+(`core.received`).
 """
 
 from functools import partial
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from dlcourse.checks.core import (CHECK_TIMEOUT_S, expect_callable, expect_tensor, fail,
                                   fresh_cases)
+from dlcourse.checks.core.received import expect_received_data, torch_received
 from dlcourse.checks.data.replicas import expect_weights, run_steps, shards, whole_batch
 from dlcourse.checks.zero.answers import ANSWERS
 from dlcourse.checks.zero.cases import (GRAD_ATOL, build, data, describe_model, draw_cases, flat_of,
-                                        gradient, loss_fn, padded_shard)
+                                        gradient, loss_fn, padded_shard, wide_model)
 from dlcourse.checks.zero.in_rank import ADAMW, step_in_rank
 
 
@@ -40,7 +44,9 @@ def check_zero_step(zero_step, timeout=CHECK_TIMEOUT_S, *, rng):
     shard of the gradient, with the masters stepped and gathered."""
     __tracebackhide__ = True
     expect_callable(zero_step, "zero_step")
-    for world_size, spec in draw_cases(rng, _psi):  # the first: N does not divide Ψ
+    for i, (world_size, spec) in enumerate(draw_cases(rng, _psi)):  # the first: N ∤ Ψ
+        if i > 0 and world_size > 2:  # the other of 3 and 4 ranks: shards clear of the headers
+            spec = wide_model(rng)
         _check_step_case(zero_step, spec, world_size, rng.randint(1, 3), rng.randrange(10**6),
                          timeout)
     print("zero_step: passed on 3 cases (2, 3 and 4 ranks; MLPs and GPTs of random sizes; Ψ "
@@ -60,11 +66,13 @@ def _check_step_case(zero_step, spec, world_size, per_rank, data_seed, timeout):
     steps = [shards(b, [per_rank] * W) for b in batches]  # steps[k][r]: rank r's (x, y)
     where = (f"zero_step on {W} ranks, {describe_model(spec)} (Ψ = {psi}, shards of s = {s}, "
              f"{W * s - psi} padding), {per_rank} samples per rank")
+    masters = _masters(spec, W)
+    received = {}  # {rank: bytes}, counted by the kernel, outside the ranks
     outcomes = run_steps(zero_step, steps, exercise="zero_step", where=where, hint=STEP_HINT,
-                         timeout=timeout, harness=partial(step_in_rank, spec, _masters(spec, W)),
+                         timeout=timeout, harness=partial(step_in_rank, spec, masters),
                          guard=ANSWERS.in_rank, forbid=("all_reduce", "all_reduce_coalesced"),
                          why_forbidden="stage 1 needs only this rank's shard of the average: "
-                                       "reduce-scatter it")
+                                       "reduce-scatter it", received=received)
     model = build(spec)
     expected = whole_batch(model, torch.optim.AdamW(model.parameters(), **ADAMW), batches,
                            loss_fn(spec))
@@ -74,6 +82,34 @@ def _check_step_case(zero_step, spec, world_size, per_rank, data_seed, timeout):
             _expect_shard(spec, record, expected, steps, k, rank, W, where)
         for rank, record in enumerate(records):  # then what the gather made of them
             _expect_gathered(record, expected, k, rank, where)
+    _expect_step_received(received, masters[0], W, len(steps), where)
+
+
+def _expect_step_received(received, shard, W, n_steps, where):
+    """What each rank received, counted outside it: no more than torch's own reduce-scatter of
+    the N x s gradient buffer and all-gather of the N x s masters receive, each step (the list
+    or the tensor forms, the most), and HEADER_ROOM a peer; no less than the others' shards
+    twice a step. Gathering every rank's whole gradient buffer where a reduce-scatter belongs
+    (W - 1 buffers; gloo's reduce-scatter ~1.5 at 3 ranks, ~1.7 at 4) fails on 3 and 4 ranks,
+    whatever the rank's own counter says."""
+    __tracebackhide__ = True
+    most = torch_received(_step_messages, [(shard, n_steps)] * W, ways=("list", "tensor"))
+    least = 2 * n_steps * (W - 1) * shard.numel() * shard.element_size()
+    expect_received_data(received, most, where, STEP_HINT, least=[least] * W)
+
+
+def _step_messages(shard, n_steps, way):
+    """torch's own messages of `n_steps` sharded steps: a reduce-scatter of the N x s buffer,
+    then an all-gather of the s-element masters, each step."""
+    W = dist.get_world_size()
+    buffer = shard.new_zeros(W * shard.numel())
+    for _ in range(n_steps):
+        if way == "list":
+            dist.reduce_scatter(torch.empty_like(shard), list(buffer.chunk(W)))
+            dist.all_gather(list(buffer.chunk(W)), shard)
+        else:
+            dist.reduce_scatter_tensor(torch.empty_like(shard), buffer)
+            dist.all_gather_into_tensor(buffer, shard)
 
 
 def _masters(spec, W):
