@@ -55,22 +55,24 @@ def test_a_notebook_that_is_not_there_is_said_not_raised():
 
 def test_a_grader_passed_in_its_cell_is_not_run_again_and_a_new_definition_is():
     """After Run All each grader has just passed with the same function: the table says so
-    without a second launch. A function defined again (even with the same code) is a new
-    object, so it is checked afresh, and a wrong one fails."""
-    from dlcourse.checks.launch import check_gather_all
+    without running the check again. A function defined again (even with the same code) is a
+    new object, so it is checked afresh, and a wrong one fails. (Lesson 08's merge: a check in
+    this process, so the test runs no ranks.)"""
+    from dlcourse.checks.context import check_merge_partials
     from dlcourse.checks.summary import PASSED_IN_ITS_CELL
+    from test_checks_context_merge import merge_partials, merge_without_the_max
 
-    def first(x):  # the student's gather_all, as its grader cell saw it
-        return gather_all(x)
+    def first(*args):  # the student's merge_partials, as its grader cell saw it
+        return merge_partials(*args)
 
-    def again(x):  # the same body, defined again: another object
-        return gather_all(x)
+    def again(*args):  # the same body, defined again: another object
+        return merge_partials(*args)
 
-    check_gather_all(first)  # the grader cell
-    namespace = {"gather_all": first, "sum_to_rank0": sum_to_rank0}
-    rows = {r[0]: r for r in check_all(namespace, "00_launch", out=lambda text: None)}
-    assert rows["gather_all"][3] == PASSED_IN_ITS_CELL and rows["sum_to_rank0"][1] == 0
-    for answer, says in ((again, "passed"), (sum_to_rank0, "expected (")):
-        namespace["gather_all"] = answer
-        rows = {r[0]: r for r in check_all(namespace, "00_launch", out=lambda text: None)}
-        assert says in rows["gather_all"][3], rows["gather_all"]
+    check_merge_partials(first)  # the grader cell
+    namespace = {"merge_partials": first}
+    rows = {r[0]: r for r in check_all(namespace, "08_context_parallel", out=lambda t: None)}
+    assert rows["merge_partials"][3] == PASSED_IN_ITS_CELL
+    for answer, says in ((again, "passed"), (merge_without_the_max, "one softmax over all")):
+        namespace["merge_partials"] = answer
+        rows = {r[0]: r for r in check_all(namespace, "08_context_parallel", out=lambda t: None)}
+        assert says in rows["merge_partials"][3], rows["merge_partials"]

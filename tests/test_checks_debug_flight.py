@@ -70,10 +70,11 @@ def with_torch_s_analyser(dumps):
     return build_db(dumps, None, None)
 
 
-def test_the_solution_and_another_way_pass(capsys):
-    check_waited_call(waited_call)  # a fresh draw
+def test_another_way_passes(capsys):
+    """The pg_status summaries instead of the entries (the solution's way passes in
+    solutions/10_debugging.ipynb, under nbval)."""
     check_waited_call(from_pg_status, seed=SEED)
-    assert capsys.readouterr().out.count("waited_call: passed on 3 hangs") == 2
+    assert "waited_call: passed on 3 hangs" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("answer, says, hint", [
