@@ -3,8 +3,8 @@ where a chunk belongs, an all-gather where a reduce-scatter belongs) and clears 
 the check's CommCounter, so that the bytes its process says it sent are none, fails on the bytes
 each rank received, counted by the kernel on its connections, outside it
 (`core.received.expect_received_data`), graded as `dlcourse grade` runs it (and, for the
-exchange, in the notebook's self-check too: the same bound after the same launch). Each check has one
-case of `WIRE_FLOOR` bytes or more a peer, so that the excess stands clear of gloo's headers;
+exchange, in the notebook's self-check too: the same bound after the same launch). Each check
+has one case of `WIRE_FLOOR` bytes or more a peer, so that the excess stands clear of gloo's headers;
 the course's answers, and answers written another way, pass graded."""
 
 import glob
