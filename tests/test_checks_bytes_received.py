@@ -4,8 +4,8 @@ the check's CommCounter, so that the bytes its process says it sent are none, fa
 each rank received, counted by the kernel on its connections, outside it
 (`core.received.expect_received_data`), graded as `dlcourse grade` runs it (and, for the
 exchange, in the notebook's self-check too: the same bound after the same launch). Each check
-has one case of `WIRE_FLOOR` bytes or more a peer, so that the excess stands clear of gloo's headers;
-the course's answers, and answers written another way, pass graded."""
+has one case of `WIRE_FLOOR` bytes or more a peer, so that the excess stands clear of gloo's
+headers; the course's answers, and answers written another way, pass graded."""
 
 import glob
 import os
