@@ -31,16 +31,28 @@ from dlcourse.checks.tensor import (check_column_parallel_linear, check_f, check
 from dlcourse.checks.zero import check_gather_and_free, check_zero_step
 from ring_answers import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 import test_checks_context_ring
+import test_checks_exchange
+import test_checks_megatron_f_g
+import test_checks_sequence_parallel
 from test_checks_context_ring import _block, _merge, ring_attention_step, the_other_way_round
+from test_checks_exchange import exchange_lower_rank_sends_first
+from test_checks_megatron_f_g import MegatronF
+from test_checks_sequence_parallel import GatherSequence, ReduceScatterSequence
+
+# the other check tests' answers used here (they import the checks, which a graded rank lacks)
+BY_VALUE = (test_checks_context_ring, test_checks_exchange, test_checks_megatron_f_g,
+            test_checks_sequence_parallel)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _answers_by_value():
-    """The answers taken from lesson 08's check tests travel by value, as this module's do
-    (`conftest.py`): a graded rank has no `dlcourse.checks.context`, which that module imports."""
-    cloudpickle.register_pickle_by_value(test_checks_context_ring)
+    """The answers taken from other check tests travel by value, as this module's do
+    (`conftest.py`): a graded rank has no `dlcourse.checks.<set>`, which those modules import."""
+    for module in BY_VALUE:
+        cloudpickle.register_pickle_by_value(module)
     yield
-    cloudpickle.unregister_pickle_by_value(test_checks_context_ring)
+    for module in BY_VALUE:
+        cloudpickle.unregister_pickle_by_value(module)
 
 
 def _clear_the_counters():
@@ -158,18 +170,6 @@ def exchange_thrice(tensor, peer, group):
     return received[:tensor.numel()].view_as(tensor).clone()
 
 
-def exchange_lower_rank_first(tensor, peer, group):
-    """Another way: blocking send and recv, the lower rank sending first."""
-    received = torch.empty_like(tensor)
-    if dist.get_rank(group) < peer:
-        dist.send(tensor, peer, group)
-        dist.recv(received, peer, group)
-    else:
-        dist.recv(received, peer, group)
-        dist.send(tensor, peer, group)
-    return received
-
-
 def exchange_batched(tensor, peer, group):
     received = torch.empty_like(tensor)
     for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, peer, group),
@@ -182,7 +182,7 @@ def test_an_exchange_sending_three_copies_with_its_records_cleared_fails():
     assert_fails_on_what_it_received(check_exchange, "exchange", exchange_thrice, self_check=True)
 
 
-@pytest.mark.parametrize("answer", [exchange_batched, exchange_lower_rank_first],
+@pytest.mark.parametrize("answer", [exchange_batched, exchange_lower_rank_sends_first],
                          ids=["batched", "lower_rank_first"])
 def test_an_exchange_passes_graded(answer):
     check_exchange(_graded("exchange", answer))
@@ -264,35 +264,6 @@ def _gather_sp(x, group):
     pieces = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(pieces, x.contiguous(), group=group)
     return torch.cat(pieces, dim=1)
-
-
-def _reduce_scatter_sp(x, group):
-    chunks = [c.contiguous() for c in x.chunk(dist.get_world_size(group), dim=1)]
-    out = torch.empty_like(chunks[0])
-    dist.reduce_scatter(out, chunks, group=group)
-    return out
-
-
-class GatherSequence(torch.autograd.Function):  # the solution notebook's
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather_sp(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_sp(grad, ctx.group), None
-
-
-class ReduceScatterSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter_sp(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_sp(grad, ctx.group), None
 
 
 class GatherSingle(torch.autograd.Function):  # another way: the tensor forms, T first
@@ -583,19 +554,6 @@ def _sum_by_all_gather(t, group):
     parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, t.contiguous(), group=group)
     return torch.stack(parts).sum(0)
-
-
-class MegatronF(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
 
 
 class FByAllGather(torch.autograd.Function):
