@@ -6,6 +6,7 @@ and receives its tensor through send/recv, the vocabulary-parallel loss all-redu
 two numbers a token. Issue 36: under `dlcourse grade` a file is no channel at all, each rank
 having a /tmp and /dev/shm of its own (`dlcourse/grading/rank_sandbox.py`)."""
 
+import glob
 import itertools
 import os
 import pickle
@@ -34,8 +35,13 @@ SHARED = tempfile.mkdtemp(prefix="dlcourse-side-")  # a folder every rank can re
 
 @pytest.fixture(autouse=True, scope="module")
 def _remove_shared():
+    """The shared folder, and what the self-check's cheats wrote to the real /tmp and /dev/shm
+    (a graded rank's were its own, gone with its sandbox)."""
     yield
     shutil.rmtree(SHARED, ignore_errors=True)
+    for kind in ("leak", "block", "dispatch"):
+        for path in glob.glob(f"/tmp/dlcourse-{kind}-*") + glob.glob(f"/dev/shm/dlcourse-{kind}-*"):
+            os.remove(path)
 
 
 def _store():
