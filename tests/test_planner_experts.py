@@ -336,7 +336,7 @@ def test_the_dropless_imbalance_is_calibrated_on_one_published_pair_and_holds_on
     """`DROPLESS_IMBALANCE` is the factor at which the planner's dropless step over its
     balanced one is Megatron-Core's 16K row (295 / 237 TFLOPS), to its rounding; the 32K,
     64K and 128K rows, held out, come within 5% of their published ratios."""
-    from dlcourse.planner.published_moe import LONG_CONTEXT, dropless_slowdown, implied_imbalance
+    from dlcourse.planner.moe_imbalance import LONG_CONTEXT, dropless_slowdown, implied_imbalance
     first, *held_out = LONG_CONTEXT
     assert implied_imbalance(*first) == pytest.approx(moe_cost.DROPLESS_IMBALANCE, abs=0.05)
     for seq_len, cp, balanced, dropless in held_out:

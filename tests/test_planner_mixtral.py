@@ -10,9 +10,10 @@ from dlcourse.planner import moe_cost
 from dlcourse.planner.catalog import MIXTRAL_8X7B, MIXTRAL_8X22B, MIXTRAL_IMBALANCE
 from dlcourse.planner.moe_estimate import moe_estimate
 from dlcourse.planner.moe_spec import moe_params
+from dlcourse.planner.moe_imbalance import pair_imbalance
 from dlcourse.planner.published_moe import (MIXTRAL_8X7B_RUN, MIXTRAL_8X22B_RUN, MIXTRAL_PAIR,
                                             MIXTRAL_RUNS, held_against, megatron_flops,
-                                            pair_imbalance, step_from_tflops)
+                                            step_from_tflops)
 
 
 @pytest.mark.parametrize("spec", [MIXTRAL_8X7B, MIXTRAL_8X22B])

@@ -20,11 +20,13 @@ trains, what a million tokens cost, ranked so that "simple, efficient, cheap" is
     rank.py        plan(): the ranked table, the recommendation (the simplest of the layouts
                    that tie within the planner's error), why it beat the runner-up, the
                    Pareto front of cost against time, and why nothing fits when nothing does
+    bands.py       which error band a plan is judged by: the dense runs', or the MoE runs'
     moe_spec.py    a mixture of experts as a spec (MoESpec), its dense and expert parameters
     moe_cost.py    what experts add (lesson 09): state over the expert-data-parallel ranks,
                    routed rows and activations, active FLOPs, the all-to-alls, load imbalance
     moe_estimate.py  an Estimate of an MoE layout from the dense terms and moe_cost's
     published_moe.py  DeepSeek-V3, Qwen3-235B and Mixtral runs held against the planner
+    moe_imbalance.py  dropless routing's imbalance, calibrated on their balanced/dropless pairs
     moe_band.py    the spread of its errors on them, named misses aside: the band on an MoE's
                    cost and tie, and whether a layout lies in a named miss's regime
     published_runs.py  published runs (Megatron-LM, torchtitan, BLOOM, Llama 3), with sources

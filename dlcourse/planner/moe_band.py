@@ -4,7 +4,7 @@ is read with (lesson 09's planner; the dense band is lesson 07's, `published.err
 The rule is the dense band's: the lowest and highest throughput error (predicted / published
 throughput - 1, a step time's error turned round) over the runs held against the planner,
 `published_moe.RUNS`. The ranking ties two layouts whose costs lie within the larger side of
-it (`rank.tie_band`), and the recommended cost is printed stretched by it (`rank.cost_band`).
+it (`bands.tie_band`), and the recommended cost is printed stretched by it (`bands.cost_band`).
 
 A named miss (`MoERun.miss`) is a run the planner is known to get wrong for a stated reason.
 It is left out of the band, and named beside it: a band that took it in would be the miss's

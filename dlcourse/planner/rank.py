@@ -10,7 +10,7 @@ reduce-scattered at every micro-batch; 3 also the parameters, gathered at every 
 one for interleaving and one for recomputation. Fewer is simpler to run, debug and explain.
 
 The decision respects the planner's own error. Its throughput is off by as much as its spread
-on the published runs (`published.error_band`), so two layouts whose predicted costs lie
+on the published runs (`bands.error_band`), so two layouts whose predicted costs lie
 within that band of each other tie: the planner cannot tell which is cheaper. Among the
 layouts that tie with the cheapest, the simplest is recommended (the cheaper among equally
 simple ones), and `why` says in numbers why it beat the runner-up. For a mixture of experts
@@ -22,7 +22,8 @@ recommended layout lies in their regime.
 
 from dataclasses import dataclass, field, replace
 
-from dlcourse.planner import margin, moe_band, published
+from dlcourse.planner import margin, moe_band
+from dlcourse.planner.bands import band_source, cost_band, is_moe, tie_band, trust
 from dlcourse.planner.failures import cost_at_scale, goodput_line, with_failures
 from dlcourse.planner.estimate import estimate
 from dlcourse.planner.hardware import GPUS, PRICE_CAVEAT, Cluster
@@ -47,40 +48,6 @@ def techniques(layout):
 def simplicity(layout):
     """How many techniques `layout` combines (0: one GPU, or plain data parallel)."""
     return len(techniques(layout))
-
-
-def is_moe(work):
-    """Whether `work`'s model is a mixture of experts (lesson 09's spec has n_experts)."""
-    return hasattr(work.model, "n_experts")
-
-
-def error_band(work=None):
-    """(lowest, highest) throughput error of the planner on the published runs of `work`'s
-    kind: a mixture of experts' on the MoE runs, named misses aside (`moe_band.error_band`);
-    any other model's (and None's) on the dense runs (`published.error_band`)."""
-    return (moe_band if work is not None and is_moe(work) else published).error_band()
-
-
-def trust(work, layout):
-    """How far the published runs back `layout`'s estimate: 0 for a dense model (its band
-    covers every layout), `moe_band.trust` for a mixture of experts."""
-    return moe_band.trust(work, layout) if is_moe(work) else 0
-
-
-def band_source(work=None):
-    """What `error_band(work)` was measured on, in words."""
-    if work is not None and is_moe(work):
-        misses = sum(bool(run.miss) for run, *_ in moe_band.held())
-        return (f"{len(moe_band.held()) - misses} published MoE runs, {misses} named "
-                f"misses aside")
-    return f"{len(published.RUNS)} published runs"
-
-
-def tie_band(work=None):
-    """The relative cost difference the planner cannot resolve: the larger side of its error
-    on the published runs of `work`'s kind (`error_band`)."""
-    low, high = error_band(work)
-    return max(-low, high)
 
 
 @dataclass
@@ -282,14 +249,6 @@ def _simpler(mine, theirs):
     extra = [t for t in theirs if t not in mine] or theirs
     return (f"the simpler wins: {len(mine)} techniques against {len(theirs)} (the runner-up "
             f"adds {', '.join(extra)})")
-
-
-def cost_band(e, work=None):
-    """($ low, $ high) per million tokens of an Estimate: its cost stretched by the spread of
-    the planner's throughput errors on the published runs of `work`'s kind (`error_band`; a
-    throughput predicted (1 + err) times too high is a cost (1 + err) times too low)."""
-    low, high = error_band(work)
-    return e.dollars_per_m_tokens * (1 + low), e.dollars_per_m_tokens * (1 + high)
 
 
 def pareto(points):
